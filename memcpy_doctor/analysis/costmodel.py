@@ -1,0 +1,141 @@
+"""The cost model of the simulated GPU: device profiles, op and copy times, two-timeline replay.
+
+Op time is a roofline: the larger of FLOPs over peak FLOP/s and bytes moved over memory
+bandwidth, plus the shortest kernel's duration. Copy time is a fixed DMA setup plus bytes over
+the PCIe bandwidth for that direction and host memory kind. The replay keeps two clocks, the
+host issuing work and the device running it in order; every synchronous copy or wait makes the
+host wait until the device has drained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from ..defaults import DEFAULT_DEVICE_PROFILE
+
+
+class ProfileError(Exception):
+    """A device profile that cannot be found or read."""
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    peak_flops: dict[str, float]
+    memory_bandwidth: float
+    copy_bandwidth: dict[str, float]
+    launch_ns: int
+    kernel_min_ns: int
+    copy_setup_ns: int
+    sync_ns: int
+    total_memory_bytes: int
+    compute_capability: tuple[int, int] = (8, 0)
+    multi_processor_count: int = 108
+    calibrated: bool = False
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeviceProfile:
+        d = dict(d)
+        d["compute_capability"] = tuple(d.get("compute_capability", (8, 0)))
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ProfileError(f"bad device profile: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+        d = asdict(self)
+        d["compute_capability"] = list(self.compute_capability)
+        return d
+
+    def kernel_ns(self, flops: float, nbytes: int, dtype_name: str) -> int:
+        """Modeled device time of one kernel."""
+        peak = self.peak_flops.get(dtype_name) or self.peak_flops["other"]
+        return self.kernel_min_ns + int(max(flops / peak, nbytes / self.memory_bandwidth) * 1e9)
+
+    def copy_ns(self, direction: str, nbytes: int, pinned: bool | None) -> int:
+        """Modeled device time of one transfer (DMA setup plus bytes over the link)."""
+        if direction == "DtoD":
+            bw = self.copy_bandwidth["DtoD"]
+        else:
+            bw = self.copy_bandwidth[f"{direction}_{'pinned' if pinned else 'pageable'}"]
+        return self.copy_setup_ns + int(nbytes / bw * 1e9)
+
+
+def load_profile(name_or_path: str | None = None) -> DeviceProfile:
+    """A shipped profile by name (see `available_profiles`) or a profile JSON file by path."""
+    name = name_or_path or DEFAULT_DEVICE_PROFILE
+    if os.path.sep in name or name.endswith(".json"):
+        try:
+            with open(name, encoding="utf-8") as f:
+                return DeviceProfile.from_dict(json.load(f))
+        except (OSError, ValueError) as e:
+            raise ProfileError(f"{name}: cannot read device profile ({e})") from None
+    try:
+        text = resources.files("memcpy_doctor.profiles").joinpath(f"{name}.json").read_text()
+    except FileNotFoundError:
+        raise ProfileError(
+            f"no device profile named {name!r}; shipped: {', '.join(available_profiles())}"
+        ) from None
+    return DeviceProfile.from_dict(json.loads(text))
+
+
+def available_profiles() -> list[str]:
+    root = resources.files("memcpy_doctor.profiles")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+class Timeline:
+    """Two clocks in integer ns: the host issuing work and the device queue running it in order.
+
+    Each method advances the clocks for one event and returns the host time the event took
+    (its CPU Time in the report).
+    """
+
+    __slots__ = ("host_ns", "device_ns")
+
+    def __init__(self) -> None:
+        self.host_ns = 0
+        self.device_ns = 0
+
+    def host(self, ns: int) -> int:
+        """Host-only work: Python code, an op on the host."""
+        self.host_ns += ns
+        return ns
+
+    def enqueue(self, launch_ns: int, device_ns: int) -> int:
+        """A kernel or an async copy: the host pays the launch; the device runs it when free."""
+        self.host_ns += launch_ns
+        self.device_ns = max(self.host_ns, self.device_ns) + device_ns
+        return launch_ns
+
+    def staged(self, launch_ns: int, device_ns: int) -> int:
+        """An async copy from pageable memory: the host stays busy staging it, but does not
+        wait for earlier device work."""
+        start = self.host_ns + launch_ns
+        self.device_ns = max(start, self.device_ns) + device_ns
+        self.host_ns = start + device_ns
+        return launch_ns + device_ns
+
+    def blocking(self, launch_ns: int, device_ns: int, sync_ns: int) -> int:
+        """A synchronous copy: queued behind earlier work; the host waits until it is done."""
+        before = self.host_ns
+        self.host_ns += launch_ns
+        end = max(self.host_ns, self.device_ns) + device_ns
+        self.device_ns = end
+        self.host_ns = end + sync_ns
+        return self.host_ns - before
+
+    def drain(self, sync_ns: int) -> int:
+        """A host wait with no copy (synchronize): the host waits for the device to drain."""
+        before = self.host_ns
+        self.host_ns = max(self.host_ns, self.device_ns) + sync_ns
+        return self.host_ns - before
+
+    def end_ns(self) -> int:
+        return max(self.host_ns, self.device_ns)

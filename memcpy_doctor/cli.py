@@ -1,0 +1,107 @@
+"""The `memcpy-doctor` command: a thin layer over the runner, the trace and the renderers.
+
+Exit status: the profiled script's own for `profile`; 2 for a usage error (bad option, missing
+file, unreadable trace) with one line on stderr; 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import __version__
+from .analysis.costmodel import ProfileError
+from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH, DEVICE_CHOICES,
+                       EXIT_USAGE, SORT_KEYS)
+from .render.text import render_text
+from .runner import format_exception, run_script
+from .trace import TraceError
+from .tracer import Tracer
+
+
+class UsageProblem(click.UsageError):
+    """A problem the user can fix by changing the command line."""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="memcpy-doctor")
+def cli() -> None:
+    """Find the copies between host and GPU that stall a PyTorch program."""
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default=DEFAULT_DEVICE,
+              show_default=True,
+              help="cuda: the real GPU; sim: the simulated GPU; auto: cuda if available.")
+@click.option("--device-profile", metavar="NAME|FILE", default=None,
+              help="Device profile of the simulated GPU (default: a100-sxm4-80gb).")
+@click.option("-o", "--output", metavar="PATH", default=DEFAULT_TRACE_PATH, show_default=True,
+              help="Where to write the trace (JSON).")
+@click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
+              show_default=True, help="Event Summary order.")
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def profile(device: str, device_profile: str | None, output: str, sort: str, script: str,
+            args: tuple[str, ...]) -> None:
+    """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
+    (to stderr) and write the trace. Options after SCRIPT belong to the script."""
+    out_dir = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(out_dir):
+        raise UsageProblem(f"-o {output}: directory {out_dir} does not exist")
+    try:
+        tracer = Tracer(device=device, profile=device_profile,
+                        command=["memcpy-doctor", "profile", script, *args])
+    except ProfileError as e:
+        raise UsageProblem(str(e)) from None
+    try:
+        result = run_script(script, list(args), tracer)
+    except (RuntimeError, ValueError) as e:
+        if tracer.trace is None:  # the tracer could not start (e.g. --device cuda, no GPU)
+            raise UsageProblem(str(e)) from None
+        raise
+    if result.exception is not None:
+        sys.stderr.write(format_exception(result.exception, script))
+    elif result.exit_message is not None:
+        sys.stderr.write(result.exit_message + "\n")
+    sys.stderr.flush()
+    click.echo(render_text(result.trace, sort=sort), err=True)
+    try:
+        result.trace.save(output)
+    except OSError as e:
+        click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"memcpy-doctor: trace written to {output}", err=True)
+    sys.exit(result.exit_status)
+
+
+@cli.command()
+@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE_PATH)
+@click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
+              show_default=True, help="Event Summary order.")
+def report(trace: str, sort: str) -> None:
+    """Print the Profiling Report of a saved TRACE (runs nothing)."""
+    from .trace import Trace
+    try:
+        loaded = Trace.load(trace)
+    except TraceError as e:
+        raise UsageProblem(str(e)) from None
+    click.echo(render_text(loaded, sort=sort))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: click's usage errors become one line on stderr and exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="memcpy-doctor", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as e:
+        click.echo(f"memcpy-doctor: error: {e.format_message()}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        click.echo("memcpy-doctor: aborted", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)

@@ -1,0 +1,33 @@
+"""Every default and constant the rest of the package shares, in one place."""
+
+#: Version of the saved trace format; bump on any incompatible change.
+SCHEMA_VERSION = 1
+
+#: Where `memcpy-doctor profile` writes the trace when -o is not given (relative to the cwd).
+DEFAULT_TRACE_PATH = "memcpy_doctor_trace.json"
+
+#: Device the profiler runs on when none is named: real CUDA if present, else simulated.
+DEFAULT_DEVICE = "auto"
+DEVICE_CHOICES = ("auto", "cuda", "sim")
+
+#: Event Summary sort keys (Paddle's) and the default one.
+SORT_KEYS = ("calls", "total", "max", "min", "ave")
+DEFAULT_SORT_KEY = "total"
+
+#: Device profile the simulated GPU uses when none is named.
+DEFAULT_DEVICE_PROFILE = "a100-sxm4-80gb"
+
+#: Most user frames kept in a copy record's stack.
+MAX_STACK_FRAMES = 16
+
+#: How many sync copy sites the text report lists.
+REPORT_SYNC_SITES = 20
+
+#: torch's print threshold and edge items (torch.set_printoptions defaults) decide how much
+#: of a device tensor print() copies to the host.
+PRINT_THRESHOLD = 1000
+PRINT_EDGEITEMS = 3
+
+#: Exit status for usage errors (click's own convention) and for an interrupted run.
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130

@@ -1,0 +1,133 @@
+"""The Profiling Report in Paddle's layout (see ../shared/design/origin.md)."""
+
+from __future__ import annotations
+
+import os
+
+from tabulate import tabulate
+
+from ..defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
+from ..trace import CopyRecord, EventRow, OpRef, Site, Trace
+
+_RULE = "-" * 25
+_SORT_WORDS = {"calls": "number of calls", "total": "total time", "max": "maximum time",
+               "min": "minimum time", "ave": "average time"}
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.6g}"
+
+
+def _banner(title: str) -> str:
+    return f"{_RULE}{title:^29}{_RULE}"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{(part / whole * 100 if whole else 0.0):.6g}%"
+
+
+def short_path(path: str, cwd: str | None = None) -> str:
+    """A path relative to the working directory when it lies below it."""
+    cwd = cwd or os.getcwd()
+    if path.startswith("<"):
+        return path
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def format_site(site: Site | None, cwd: str | None = None) -> str:
+    return "?" if site is None else f"{short_path(site.file, cwd)}:{site.line}"
+
+
+def format_ref(ref: OpRef | None, cwd: str | None = None) -> str:
+    if ref is None:
+        return "-"
+    return f"{ref.op} [{ref.device}] at {format_site(ref.site, cwd)}"
+
+
+def _sort_key(sort: str):
+    return {
+        "calls": lambda e: e.calls,
+        "total": lambda e: e.total_ns,
+        "max": lambda e: e.max_ns,
+        "min": lambda e: e.min_ns,
+        "ave": lambda e: e.total_ns / e.calls if e.calls else 0,
+    }[sort]
+
+
+def _event_table(events: list[EventRow], total_ns: int, sort: str) -> str:
+    rows = []
+    for e in sorted(events, key=lambda e: (-_sort_key(sort)(e), e.name)):
+        tot = e.total_ns
+        rows.append([
+            e.name, str(e.calls), _ms(tot),
+            f"{e.cpu_ns / 1e6:.6f} ({(e.cpu_ns / tot if tot else 0):.6f})",
+            f"{e.gpu_ns / 1e6:.6f} ({(e.gpu_ns / tot if tot else 0):.6f})",
+            _ms(e.min_ns), _ms(e.max_ns), _ms(tot // e.calls if e.calls else 0),
+            f"{(tot / total_ns if total_ns else 0):.6g}",
+        ])
+    headers = ["Event", "Calls", "Total", "CPU Time (Ratio)", "GPU Time (Ratio)", "Min.",
+               "Max.", "Ave.", "Ratio."]
+    return tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+
+
+def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
+    sync = sorted((c for c in copies if c.sync), key=lambda c: (-c.time_ns, -c.calls))
+    if not sync:
+        return "No copies the host waited for."
+    rows = []
+    for c in sync[:REPORT_SYNC_SITES]:
+        rows.append([
+            f"{c.direction} {c.trigger}", format_site(c.site, cwd), str(c.calls), str(c.bytes),
+            _ms(c.time_ns), f"{format_ref(c.producer, cwd)} -> {format_ref(c.consumer, cwd)}",
+        ])
+    table = tabulate(rows, headers=["Copy", "Site", "Calls", "Bytes", "Total", "Producer -> Consumer"],
+                     tablefmt="plain", disable_numparse=True)
+    if len(sync) > REPORT_SYNC_SITES:
+        table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"
+    return table
+
+
+def place(trace: Trace) -> str:
+    m = trace.meta
+    if m.simulated:
+        return (f"CUDA:0 (simulated {m.device_name}; device and copy times are modeled, "
+                "not measured)")
+    return f"{m.device.upper()} ({m.device_name})"
+
+
+def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = None) -> str:
+    """The whole report. `cwd` decides which paths are shown relative (default: os.getcwd())."""
+    if sort not in SORT_KEYS:
+        raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
+    s, m = trace.summary, trace.meta
+    total = s.total_ns
+    lines = [
+        _banner("Profiling Report"), "",
+        f"Place: {place(trace)}",
+        "Time unit: ms",
+        f"Sorted by {_SORT_WORDS[sort]} in descending order in the same thread",
+    ]
+    if m.ended_by != "completed":
+        lines.append(f"Run cut short: {m.ended_by} (exit status {m.exit_status})")
+    if m.untraced:
+        lines.append("Not traced: " + "; ".join(m.untraced))
+    lines += [
+        "",
+        f"Total time: {_ms(total)}",
+        f"  Computation time       Total: {_ms(s.computation_ns):<12}"
+        f"Ratio: {_pct(s.computation_ns, total)}",
+        f"  Framework overhead     Total: {_ms(s.overhead_ns):<12}"
+        f"Ratio: {_pct(s.overhead_ns, total)}",
+        "", _banner("GpuMemCpy Summary"), "",
+    ]
+    for label, fig in (("GpuMemcpy", s.memcpy_all), ("  GpuMemcpyAsync", s.memcpy_async),
+                       ("  GpuMemcpySync", s.memcpy_sync)):
+        lines.append(f"{label:<25}Calls: {fig.calls:<12}Total: {_ms(fig.time_ns):<12}"
+                     f"Ratio: {_pct(fig.time_ns, total)}")
+    lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
+              "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""The tracer: records every op, copy and host wait of the code it runs around.
+
+    tracer = Tracer(device="sim")
+    with tracer:
+        train()
+    trace = tracer.trace
+
+Only the thread that starts the tracer is traced (PyTorch's modes are thread-local); the trace
+says so when other threads ran ops. Every mode and patch is undone on exit, also on error.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import ExitStack
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+
+from ..analysis.costmodel import DeviceProfile, load_profile
+from ..analysis.summary import summarize
+from ..defaults import DEFAULT_DEVICE, DEVICE_CHOICES
+from ..trace import Meta, Trace
+from . import sim as _sim
+from .cuda import CudaTimer, wait_patches
+from .modes import DispatchMode, FunctionMode, real_gpu_handlers
+from .simdevice import SimDevice
+from .state import TraceState
+
+_active_lock = threading.Lock()
+_active: list[Tracer] = []
+
+
+def active_tracer() -> Tracer | None:
+    """The tracer now running in this process, if any."""
+    return _active[0] if _active else None
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means the real GPU when torch has one, else the simulated one."""
+    if device not in DEVICE_CHOICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICE_CHOICES)}, not {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "sim"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch sees no CUDA device here (use --device sim)")
+    return device
+
+
+class _Patch:
+    """Set attributes for the tracer's lifetime, restoring the originals on exit."""
+
+    def __init__(self, patches: list[tuple[Any, str, Any]]) -> None:
+        self.patches = patches
+        self.saved: list[tuple[Any, str, Any, bool]] = []
+
+    def __enter__(self) -> None:
+        for obj, name, value in self.patches:
+            had = name in vars(obj)
+            self.saved.append((obj, name, vars(obj).get(name), had))
+            setattr(obj, name, value)
+
+    def __exit__(self, *exc: Any) -> None:
+        for obj, name, value, had in reversed(self.saved):
+            if had:
+                setattr(obj, name, value)
+            else:
+                delattr(obj, name)
+        self.saved.clear()
+
+
+class Tracer:
+    """Start, stop, and the finished trace. One tracer can be active per process."""
+
+    def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
+                 command: list[str] | None = None) -> None:
+        self.requested_device = device
+        self.profile = profile if isinstance(profile, DeviceProfile) else load_profile(profile)
+        self.command = list(command) if command is not None else list(sys.argv)
+        self.device: str | None = None
+        self.trace: Trace | None = None
+        self._stack: ExitStack | None = None
+        self._state: TraceState | None = None
+        self._start_ns = 0
+        self._sim: SimDevice | None = None
+
+    def start(self) -> Tracer:
+        with _active_lock:
+            if _active:
+                raise RuntimeError("a memcpy-doctor tracer is already running in this process")
+            _active.append(self)
+        stack = ExitStack()
+        stack.callback(_active.clear)
+        try:
+            self.device = resolve_device(self.requested_device)
+            if self.device == "sim":
+                sim = SimDevice(lambda s: TraceState(self.profile, s, None))
+                self._sim = sim
+                state = sim.st
+                handlers = sim.handlers
+                _sim._ACTIVE["sim"] = sim
+                stack.callback(_sim._ACTIVE.clear)
+                stack.enter_context(_Patch(
+                    [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]
+                    + [(torch.accelerator, k, v)
+                       for k, v in _sim.accelerator_patches(sim).items()]))
+            else:
+                state = TraceState(self.profile, None, CudaTimer())
+                handlers = real_gpu_handlers(state)
+                stack.enter_context(_Patch(wait_patches(state)))
+            self._state = state
+            stack.callback(setattr, state, "suspended", True)
+            stack.enter_context(FunctionMode(state, handlers))
+            stack.enter_context(DispatchMode(state))
+            # The first call into a dispatch mode imports torch._dynamo (over a second):
+            # pay it here, untraced, not inside the user's first op.
+            state.suspended = True
+            torch.empty(0)
+            state.suspended = False
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        self._start_ns = perf_counter_ns()
+        state.last_exit = self._start_ns
+        return self
+
+    def stop(self) -> Trace:
+        """Stop tracing (modes and patches undone) and build the trace."""
+        if self._stack is None:
+            if self.trace is None:
+                raise RuntimeError("the tracer was never started")
+            return self.trace
+        state = self._state
+        end_ns = perf_counter_ns()
+        if state.timeline is not None:
+            state.timeline.host(max(0, end_ns - state.last_exit))
+        stack, self._stack = self._stack, None
+        stack.close()
+        if state.timer is not None:
+            state.timer.finish()
+        state.collector.finish()
+        self.trace = self._build(state, end_ns)
+        return self.trace
+
+    def __enter__(self) -> Tracer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _build(self, state: TraceState, end_ns: int) -> Trace:
+        col = state.collector
+        events = col.event_rows()
+        copies = col.copy_records()
+        if state.timeline is not None:
+            total = state.timeline.end_ns()
+            peak = self._sim.cuda_marks.peak if self._sim else None
+        else:
+            total = end_ns - self._start_ns
+            peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+        simulated = self.device == "sim"
+        meta = Meta(
+            device=self.device, simulated=simulated,
+            device_name=self.profile.name if simulated else torch.cuda.get_device_name(),
+            device_profile=self.profile.to_dict() if simulated else None,
+            torch_version=torch.__version__, command=self.command,
+            memcpy_doctor_version=_version(), untraced=sorted(state.untraced))
+        return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
+                     ops=col.op_records(), copies=copies, waits=col.wait_records())
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__

@@ -1,0 +1,242 @@
+"""Aggregation as the program runs: per op and site, per copy path, per wait site.
+
+Nothing here holds a user tensor: producers and copies awaiting their consumer are keyed by
+the tensor's id, with a weak reference that removes the entry when the tensor is freed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, OpRecord, OpRef, Site,
+                     WaitRecord)
+
+
+class EventAgg:
+    """One Event Summary row being filled."""
+
+    __slots__ = ("calls", "cpu_ns", "gpu_ns", "min_ns", "max_ns")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cpu_ns = 0
+        self.gpu_ns = 0
+        self.min_ns = -1
+        self.max_ns = 0
+
+    def add(self, cpu_ns: int, gpu_ns: int) -> None:
+        self.calls += 1
+        self.cpu_ns += cpu_ns
+        self.gpu_ns += gpu_ns
+        self.span(cpu_ns + gpu_ns)
+
+    def span(self, total: int) -> None:
+        if self.min_ns < 0 or total < self.min_ns:
+            self.min_ns = total
+        if total > self.max_ns:
+            self.max_ns = total
+
+
+class OpAgg:
+    """One (op, device, site) being filled; `ref` is what copies name as producer/consumer."""
+
+    __slots__ = ("ref", "event", "calls", "host_ns", "device_ns")
+
+    def __init__(self, ref: OpRef, event: EventAgg) -> None:
+        self.ref = ref
+        self.event = event
+        self.calls = 0
+        self.host_ns = 0
+        self.device_ns = 0
+
+    def add_device(self, ns: int, host_ns: int) -> None:
+        """Device time measured after the call (real GPU): lands on the op and its row."""
+        self.device_ns += ns
+        self.event.gpu_ns += ns
+        self.event.span(host_ns + ns)
+
+
+class CopyAgg:
+    __slots__ = ("calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype")
+
+    def __init__(self, stack: list[Site], shape: list[int] | None, dtype: str | None) -> None:
+        self.calls = 0
+        self.bytes = 0
+        self.host_ns = 0
+        self.device_ns = 0
+        self.stack = stack
+        self.shape = shape
+        self.dtype = dtype
+
+
+class PendingCopy:
+    """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
+
+    __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
+                 "event")
+
+    def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
+                 stack: list[Site], shape: list[int] | None, dtype: str | None,
+                 event: EventAgg) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.host_ns = host_ns
+        self.device_ns = device_ns
+        self.stack = stack
+        self.shape = shape
+        self.dtype = dtype
+        self.agg: CopyAgg | None = None
+        self.event = event
+
+    def add_device(self, ns: int, host_ns: int) -> None:
+        """Device time measured after the call (real GPU async copies)."""
+        self.event.gpu_ns += ns
+        self.event.span(host_ns + ns)
+        if self.agg is not None:
+            self.agg.device_ns += ns
+        else:
+            self.device_ns += ns
+
+
+def copy_event_name(direction: str, sync: bool) -> str:
+    return f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
+
+
+class Collector:
+    """The aggregated record of one traced run."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, EventAgg] = {}
+        self.ops: dict[tuple[str, str, Site | None], OpAgg] = {}
+        self.copies: dict[tuple, CopyAgg] = {}
+        self.waits: dict[tuple[str, Site | None], list[int]] = {}
+        self._producers: dict[int, tuple[weakref.KeyedRef, OpRef]] = {}
+        self._pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
+
+    # ----- ops -----
+    def op(self, name: str, device: str, site: Site | None) -> OpAgg:
+        key = (name, device, site)
+        agg = self.ops.get(key)
+        if agg is None:
+            event = self.events.get(name)
+            if event is None:
+                event = self.events[name] = EventAgg()
+            agg = self.ops[key] = OpAgg(OpRef(name, device, site), event)
+        return agg
+
+    @staticmethod
+    def add_op(agg: OpAgg, host_ns: int, device_ns: int) -> None:
+        agg.calls += 1
+        agg.host_ns += host_ns
+        agg.device_ns += device_ns
+        agg.event.add(host_ns, device_ns)
+
+    # ----- producers -----
+    def _drop_producer(self, ref: weakref.KeyedRef) -> None:
+        entry = self._producers.get(ref.key)
+        if entry is not None and entry[0] is ref:
+            del self._producers[ref.key]
+
+    def set_producer(self, t: torch.Tensor, ref: OpRef) -> None:
+        key = id(t)
+        entry = self._producers.get(key)
+        if entry is not None and entry[0]() is t:
+            self._producers[key] = (entry[0], ref)
+        else:
+            self._producers[key] = (weakref.KeyedRef(t, self._drop_producer, key), ref)
+
+    def producer_of(self, t: torch.Tensor) -> OpRef | None:
+        entry = self._producers.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        return None
+
+    # ----- copies -----
+    def copy(self, *, direction: str, sync: bool, pinned: bool | None, trigger: str,
+             nbytes: int, host_ns: int, device_ns: int, site: Site | None,
+             stack: list[Site], producer: OpRef | None, dst: torch.Tensor | None,
+             shape: list[int] | None = None, dtype: str | None = None) -> PendingCopy:
+        """Record one copy. With `dst`, it waits for the first op that reads dst."""
+        event = self.events.get(copy_event_name(direction, sync))
+        if event is None:
+            event = self.events[copy_event_name(direction, sync)] = EventAgg()
+        event.add(host_ns, device_ns)
+        key = (direction, sync, pinned, trigger, site, producer)
+        pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event)
+        if dst is None:
+            self._finish(pending, None)
+        else:
+            k = id(dst)
+            self._pending[k] = (weakref.KeyedRef(dst, self._drop_pending, k), pending)
+        return pending
+
+    def _drop_pending(self, ref: weakref.KeyedRef) -> None:
+        entry = self._pending.get(ref.key)
+        if entry is not None and entry[0] is ref:
+            del self._pending[ref.key]
+            self._finish(entry[1], None)
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def consume(self, t: torch.Tensor, consumer: OpRef) -> None:
+        """`consumer` read t: if t is a copy's destination, that copy's consumer is found."""
+        entry = self._pending.get(id(t))
+        if entry is not None and entry[0]() is t:
+            del self._pending[id(t)]
+            self._finish(entry[1], consumer)
+
+    def _finish(self, p: PendingCopy, consumer: OpRef | None) -> None:
+        key = p.key + (consumer,)
+        agg = self.copies.get(key)
+        if agg is None:
+            agg = self.copies[key] = CopyAgg(p.stack, p.shape, p.dtype)
+        agg.calls += 1
+        agg.bytes += p.nbytes
+        agg.host_ns += p.host_ns
+        agg.device_ns += p.device_ns
+        p.agg = agg
+
+    # ----- waits -----
+    def wait(self, kind: str, site: Site | None, wait_ns: int) -> None:
+        entry = self.waits.get((kind, site))
+        if entry is None:
+            entry = self.waits[(kind, site)] = [0, 0]
+        entry[0] += 1
+        entry[1] += wait_ns
+        event = self.events.get(f"HostWait:{kind}")
+        if event is None:
+            event = self.events[f"HostWait:{kind}"] = EventAgg()
+        event.add(wait_ns, 0)
+
+    # ----- results -----
+    def finish(self) -> None:
+        """Copies never read by an op before the end get a null consumer."""
+        for _, pending in list(self._pending.values()):
+            self._finish(pending, None)
+        self._pending.clear()
+        self._producers.clear()
+
+    def event_rows(self) -> list[EventRow]:
+        return [EventRow(name, e.calls, e.cpu_ns, e.gpu_ns, max(e.min_ns, 0), e.max_ns)
+                for name, e in self.events.items() if e.calls]
+
+    def op_records(self) -> list[OpRecord]:
+        return [OpRecord(a.ref.op, a.ref.device, a.ref.site, a.calls, a.host_ns, a.device_ns)
+                for a in self.ops.values() if a.calls]
+
+    def copy_records(self) -> list[CopyRecord]:
+        out = []
+        for (direction, sync, pinned, trigger, site, producer, consumer), a in \
+                self.copies.items():
+            out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
+                                  a.host_ns, a.device_ns, site, a.stack, producer, consumer,
+                                  a.shape, a.dtype))
+        return out
+
+    def wait_records(self) -> list[WaitRecord]:
+        return [WaitRecord(kind, calls, ns, site)
+                for (kind, site), (calls, ns) in self.waits.items()]

@@ -1,0 +1,161 @@
+"""What each aten op means for copies: kernels, views, and the ops that make the host wait.
+
+Looked up by `func._overloadpacket` through `op_info()`, cached per overload, so the per-op
+path pays one dictionary lookup. The sync rules follow ../shared/design/cuda-semantics.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .._torch_private import flop_registry
+
+#: Python-level calls that cause copies, by the trigger name a copy they cause is given.
+TRIGGERS: dict[Any, str] = {
+    torch.Tensor.item: "item",
+    torch.Tensor.__float__: "float",
+    torch.Tensor.__int__: "int",
+    torch.Tensor.__bool__: "bool",
+    torch.Tensor.__index__: "__index__",
+    torch.is_nonzero: "bool",
+    torch.Tensor.tolist: "tolist",
+    torch.Tensor.__repr__: "print",
+    torch.Tensor.__format__: "format",
+    torch.Tensor.to: "to",
+    torch.Tensor.cuda: "cuda",
+    torch.Tensor.cpu: "cpu",
+    torch.Tensor.copy_: "copy_",
+    torch.tensor: "factory",
+    torch.as_tensor: "factory",
+    torch.asarray: "factory",
+    torch.Tensor.new_tensor: "factory",
+    torch.Tensor.backward: "backward",
+}
+
+#: Triggers that name the Python call behind a one-element read (`aten::_local_scalar_dense`).
+SCALAR_TRIGGERS = frozenset({"item", "float", "int", "bool", "__index__", "format"})
+
+#: Factories that copy their data argument from the host.
+DATA_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.asarray,
+                            torch.Tensor.new_tensor})
+
+#: Ops that allocate or reinterpret memory without launching a kernel.
+_NO_KERNEL = {
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "set_",
+    "resize_", "lift_fresh", "_has_compatible_shallow_copy_type", "is_same_size", "is_set_to",
+    "_local_scalar_dense", "_linalg_check_errors",
+}
+
+#: Ops that accept tensors on different devices (the copy between them is the op's job).
+MIXED_DEVICE_OK = {
+    "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "index", "index_put_",
+    "index_put", "_index_put_impl_", "set_", "lift_fresh", "_has_compatible_shallow_copy_type",
+    "is_same_size", "is_set_to",
+}
+
+_INDEX_OPS = {"index", "index_put_", "index_put", "_index_put_impl_"}
+
+
+@dataclass(frozen=True)
+class Sync:
+    """A host wait an op makes when its input lives on the device."""
+
+    direction: str
+    trigger: str
+    nbytes: Callable[[tuple, dict, Any], int]
+
+
+def _scalar_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    return args[0].element_size()
+
+
+def _count_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    return 8  # one int64 count (or size) read back to size the output
+
+
+def _info_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    return args[0].nbytes
+
+
+def _bool_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    return 1
+
+
+def _repeat_interleave(args: tuple, kwargs: dict, out: Any) -> int:
+    return 8
+
+
+_SYNC: dict[str, Sync] = {
+    "_local_scalar_dense": Sync("DtoH", "item", _scalar_bytes),
+    "nonzero": Sync("DtoH", "nonzero", _count_bytes),
+    "masked_select": Sync("DtoH", "mask", _count_bytes),
+    "masked_scatter": Sync("DtoH", "mask", _count_bytes),
+    "masked_scatter_": Sync("DtoH", "mask", _count_bytes),
+    "_unique": Sync("DtoH", "unique", _count_bytes),
+    "_unique2": Sync("DtoH", "unique", _count_bytes),
+    "unique_dim": Sync("DtoH", "unique", _count_bytes),
+    "unique_consecutive": Sync("DtoH", "unique", _count_bytes),
+    "unique_dim_consecutive": Sync("DtoH", "unique", _count_bytes),
+    "bincount": Sync("DtoH", "bincount", _count_bytes),
+    "equal": Sync("DtoH", "equal", _bool_bytes),
+    "_linalg_check_errors": Sync("DtoH", "linalg_check", _info_bytes),
+}
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What the tracer needs to know about one aten overload."""
+
+    name: str  # "aten::mm"
+    short: str  # "mm"
+    kernel: bool  # launches device work (views and allocations do not)
+    sync: Sync | None
+    index: bool  # indexing: may read a mask or a host index tensor
+    mixed_ok: bool
+    repeat_interleave_tensor: bool
+    flops: Callable[..., int] | None
+
+
+_CACHE: dict[Any, OpInfo] = {}
+
+
+def op_info(func: Any) -> OpInfo:
+    info = _CACHE.get(func)
+    if info is None:
+        packet = func._overloadpacket
+        short = packet.__name__
+        ns = func.namespace
+        is_view = bool(getattr(func, "is_view", False))
+        info = OpInfo(
+            name=f"{ns}::{short}",
+            short=short,
+            kernel=not is_view and short not in _NO_KERNEL,
+            sync=_SYNC.get(short),
+            index=short in _INDEX_OPS,
+            mixed_ok=short in MIXED_DEVICE_OK,
+            repeat_interleave_tensor=(short == "repeat_interleave"
+                                      and func._overloadname.startswith("Tensor")),
+            flops=flop_registry.get(packet),
+        )
+        _CACHE[func] = info
+    return info
+
+
+def index_tensors(info: OpInfo, args: tuple) -> list[torch.Tensor]:
+    """The index tensors of an indexing op (its second argument, a list with Nones)."""
+    if not info.index or len(args) < 2 or not isinstance(args[1], (list, tuple)):
+        return []
+    return [i for i in args[1] if isinstance(i, torch.Tensor)]
+
+
+def is_mask(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.bool, torch.uint8)
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    """Key into DeviceProfile.peak_flops."""
+    return {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+            torch.bfloat16: "bfloat16"}.get(dtype, "other")

@@ -1,0 +1,260 @@
+"""The simulated GPU: ordinary host tensors whose storages are marked as living on cuda:0.
+
+A wrapper subclass that claims device cuda on a CPU-only build aborts the process once autograd
+touches it, so the data stays in plain host tensors. What makes them "cuda" is a mark on their
+storage (kept in a dict keyed by the storage object, with weak references so no storage is kept
+alive). The function mode answers `device`, `is_cuda` and `get_device` from the marks and turns
+`.to("cuda")`, factories with `device="cuda"` and `pin_memory()` into host work plus marks; the
+dispatch mode propagates marks from inputs to outputs and raises the error a real GPU raises when
+an op mixes devices. `torch.cuda` answers as a one-GPU machine described by the device profile.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from ..analysis.costmodel import DeviceProfile
+from ..defaults import PRINT_EDGEITEMS, PRINT_THRESHOLD
+
+CUDA0 = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+def _storage(t: torch.Tensor) -> Any:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # sparse, nested or storage-less tensors: never marked
+
+
+class StorageMarks:
+    """A set of storages, by identity, that forgets a storage when it is freed."""
+
+    __slots__ = ("_refs", "_bytes", "allocated", "peak")
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.KeyedRef] = {}
+        self._bytes: dict[int, int] = {}
+        self.allocated = 0
+        self.peak = 0
+
+    def _drop(self, ref: weakref.KeyedRef) -> None:
+        key = ref.key
+        if self._refs.get(key) is ref:
+            del self._refs[key]
+            self.allocated -= self._bytes.pop(key, 0)
+
+    def has(self, storage: Any) -> bool:
+        return storage is not None and id(storage) in self._refs
+
+    def add(self, storage: Any) -> None:
+        if storage is None:
+            return
+        key = id(storage)
+        if key in self._refs:
+            return
+        self._refs[key] = weakref.KeyedRef(storage, self._drop, key)
+        nbytes = storage.nbytes()
+        self._bytes[key] = nbytes
+        self.allocated += nbytes
+        if self.allocated > self.peak:
+            self.peak = self.allocated
+
+    def discard(self, storage: Any) -> None:
+        if storage is None:
+            return
+        ref = self._refs.get(id(storage))
+        if ref is not None:
+            self._drop(ref)
+
+
+def normalize_device(device: Any) -> torch.device | None:
+    """A device argument as torch.device; ints mean cuda:N, as in torch."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def is_cuda_device(device: Any) -> bool:
+    d = normalize_device(device)
+    return d is not None and d.type == "cuda"
+
+
+def printed_bytes(t: torch.Tensor) -> int:
+    """What print(t) reads back to the host: all of t, or its summarized edges."""
+    n = t.numel()
+    if n > PRINT_THRESHOLD:
+        n = 1
+        for size in t.shape:
+            n *= min(size, 2 * PRINT_EDGEITEMS)
+    return n * t.element_size()
+
+
+class SimEvent:
+    """torch.cuda.Event on the simulated GPU: records the modeled device clock."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, external: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._device_ns: int | None = None
+
+    def record(self, stream: Any = None) -> None:
+        sim = _ACTIVE.get("sim")
+        self._device_ns = sim.device_clock() if sim else 0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        sim = _ACTIVE.get("sim")
+        if sim:
+            sim.host_wait("event_synchronize")
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def elapsed_time(self, end_event: SimEvent) -> float:
+        if self._device_ns is None or end_event._device_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._device_ns - self._device_ns) / 1e6
+
+
+class SimStream:
+    """torch.cuda.Stream on the simulated GPU: one in-order queue, like the default stream."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = CUDA0
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        sim = _ACTIVE.get("sim")
+        if sim:
+            sim.host_wait("stream_synchronize")
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: SimEvent | None = None) -> SimEvent:
+        event = event or SimEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimStream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _SimDeviceCtx:
+    """torch.cuda.device(...) on the simulated GPU (one device: cuda:0)."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = 0
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+class _SimDeviceProperties:
+    def __init__(self, profile: DeviceProfile) -> None:
+        self.name = profile.name
+        self.total_memory = profile.total_memory_bytes
+        self.major, self.minor = profile.compute_capability
+        self.multi_processor_count = profile.multi_processor_count
+        self.is_integrated = False
+        self.is_multi_gpu_board = False
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count}) [simulated]")
+
+
+#: The simulated device in use, for the Stream and Event objects user code holds.
+_ACTIVE: dict[str, Any] = {}
+_DEFAULT_STREAM = SimStream()
+
+
+def _check_device(device: Any = None) -> None:
+    d = normalize_device(device)
+    if d is not None and (d.type != "cuda" or (d.index or 0) != 0):
+        raise RuntimeError("CUDA error: invalid device ordinal (simulated GPU has one device)")
+
+
+def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
+    """Replacements for torch.cuda's device queries, answered as one simulated GPU."""
+    marks = sim.cuda_marks
+
+    @contextmanager
+    def stream(s: Any) -> Iterator[None]:
+        yield
+
+    def memory_allocated(device: Any = None) -> int:
+        return marks.allocated
+
+    def max_memory_allocated(device: Any = None) -> int:
+        return marks.peak
+
+    def reset_peak(device: Any = None) -> None:
+        marks.peak = marks.allocated
+
+    return {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "_lazy_init": lambda: None,
+        "init": lambda: None,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "set_device": _check_device,
+        "get_device_name": lambda device=None: profile.name,
+        "get_device_properties": lambda device=None: _SimDeviceProperties(profile),
+        "get_device_capability": lambda device=None: tuple(profile.compute_capability),
+        "is_bf16_supported": lambda including_emulation=True: True,
+        "synchronize": lambda device=None: sim.host_wait("synchronize"),
+        "memory_allocated": memory_allocated,
+        "max_memory_allocated": max_memory_allocated,
+        "memory_reserved": memory_allocated,
+        "max_memory_reserved": max_memory_allocated,
+        "reset_peak_memory_stats": reset_peak,
+        "reset_max_memory_allocated": reset_peak,
+        "empty_cache": lambda: None,
+        "mem_get_info": lambda device=None: (profile.total_memory_bytes - marks.allocated,
+                                             profile.total_memory_bytes),
+        "Stream": SimStream,
+        "Event": SimEvent,
+        "current_stream": lambda device=None: _DEFAULT_STREAM,
+        "default_stream": lambda device=None: _DEFAULT_STREAM,
+        "stream": stream,
+        "set_stream": lambda s: None,
+        "device": _SimDeviceCtx,
+    }
+
+
+def accelerator_patches(sim: Any) -> dict[str, Any]:
+    """torch.accelerator answers as one simulated CUDA device too."""
+    return {
+        "is_available": lambda check_available=True: True,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "device_count": lambda: 1,
+        "current_device_index": lambda: 0,
+        "current_device_idx": lambda: 0,
+        "synchronize": lambda device=None: sim.host_wait("synchronize"),
+        "memory_allocated": lambda device=None: sim.cuda_marks.allocated,
+        "max_memory_allocated": lambda device=None: sim.cuda_marks.peak,
+    }

@@ -1,0 +1,353 @@
+"""The simulated GPU's answers to Python-level torch calls (see sim.py for the idea).
+
+Each handler takes (func, args, kwargs) from the function mode and does what a real GPU would:
+`.to("cuda")` copies into a fresh storage marked cuda and records the copy with its modeled
+time; factories with `device="cuda"` build on the host and mark the result; device queries
+answer from the marks.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .._torch_private import TorchFunctionMode, _parse_to
+from .optable import DATA_FACTORIES
+from .sim import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
+from .state import TraceState, tensors_in, tensors_out
+
+Tensor = torch.Tensor
+
+
+class _SimTransfer(torch.autograd.Function):
+    """A copy between host and simulated device that autograd can run backwards: the
+    gradient makes the opposite copy, recorded like any other."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, sim: SimDevice, to_cuda: bool, dtype: Any,
+                memory_format: Any) -> Tensor:
+        ctx.sim = sim
+        ctx.src_cuda = not to_cuda
+        ctx.src_dtype = x.dtype
+        return sim.raw_copy(x, dtype, memory_format)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        with torch._C.DisableTorchFunction():
+            back = ctx.sim.transfer(grad, CUDA0 if ctx.src_cuda else CPU, ctx.src_dtype,
+                                    False, False, None, "backward")
+        return back, None, None, None, None
+
+
+class _AnswerDevice(TorchFunctionMode):
+    """Answers device queries from the marks while torch formats a tensor for print()."""
+
+    def __init__(self, sim: SimDevice) -> None:
+        super().__init__()
+        self.getters = sim.getters
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        getter = self.getters.get(func)
+        if getter is not None:
+            return getter(func, args, kwargs or {})
+        return func(*args, **(kwargs or {}))
+
+
+class SimDevice:
+    """One simulated CUDA device (cuda:0) for one tracer run."""
+
+    def __init__(self, state_factory: Callable[[SimDevice], TraceState]) -> None:
+        self.cuda_marks = StorageMarks()
+        self.pinned_marks = StorageMarks()
+        self.st = state_factory(self)
+        self.getters: dict[Any, Callable] = {
+            Tensor.device.__get__: self._device,
+            Tensor.is_cuda.__get__: self._is_cuda,
+            Tensor.is_cpu.__get__: self._is_cpu,
+            Tensor.get_device: self._get_device,
+        }
+        self.handlers: dict[Any, Callable] = {
+            **self.getters,
+            Tensor.to: self._to,
+            Tensor.cuda: self._cuda,
+            Tensor.cpu: self._cpu,
+            Tensor.copy_: self._copy_,
+            Tensor.pin_memory: self._pin_memory,
+            Tensor.is_pinned: self._is_pinned,
+            Tensor.numpy: self._numpy,
+            Tensor.__array__: self._numpy,
+            Tensor.__repr__: self._repr,
+            Tensor.__format__: self._format,
+            Tensor.tolist: self._tolist,
+            Tensor.type: self._type,
+            Tensor.record_stream: self._record_stream,
+        }
+
+    # ----- marks -----
+    def on_device(self, t: Tensor) -> bool:
+        return self.cuda_marks.has(_storage(t))
+
+    def mark_cuda(self, t: Tensor) -> None:
+        self.cuda_marks.add(_storage(t))
+
+    def check_mixed(self, ins: list[Tensor], dev_in: list[bool]) -> None:
+        """Raise what a real GPU raises for an op over tensors on two devices."""
+        seen: list[str] = []
+        for t, on in zip(ins, dev_in):
+            if not on and t.dim() == 0:
+                continue  # a 0-dim host tensor is passed to the kernel as a scalar
+            name = "cuda:0" if on else "cpu"
+            if name not in seen:
+                seen.append(name)
+        if len(seen) > 1:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at "
+                               f"least two devices, {seen[0]} and {seen[1]}!")
+
+    def device_clock(self) -> int:
+        tl = self.st.timeline
+        return max(tl.host_ns, tl.device_ns)
+
+    def host_wait(self, kind: str) -> None:
+        self.st.host_wait(kind)
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        prev = self.st.suspended
+        self.st.suspended = True
+        try:
+            yield
+        finally:
+            self.st.suspended = prev
+
+    # ----- device queries -----
+    def _device(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return CUDA0 if self.on_device(args[0]) else func(*args)
+
+    def _is_cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return self.on_device(args[0]) or func(*args)
+
+    def _is_cpu(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return not self.on_device(args[0]) and func(*args)
+
+    def _get_device(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return 0 if self.on_device(args[0]) else func(*args, **kwargs)
+
+    def _is_pinned(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return self.pinned_marks.has(_storage(args[0]))
+
+    def _type(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if len(args) == 1 and not kwargs and self.on_device(args[0]):
+            return "torch.cuda." + func(*args).rsplit(".", 1)[-1]
+        return func(*args, **kwargs)
+
+    def _record_stream(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return None
+
+    def _numpy(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.on_device(args[0]):
+            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() "
+                            "to copy the tensor to host memory first.")
+        return func(*args, **kwargs)
+
+    # ----- transfers -----
+    def _to(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        t, rest = args[0], args[1:]
+        kwargs = dict(kwargs)
+        copy = bool(kwargs.pop("copy", False))
+        if rest and isinstance(rest[0], Tensor):
+            other = rest[0]
+            device = CUDA0 if self.on_device(other) else CPU
+            dtype, memory_format = other.dtype, kwargs.get("memory_format")
+            non_blocking = bool(rest[1] if len(rest) > 1 else kwargs.get("non_blocking", False))
+        else:
+            if rest and isinstance(rest[0], int) and not isinstance(rest[0], bool):
+                rest = (normalize_device(rest[0]),) + rest[1:]
+            if isinstance(kwargs.get("device"), int):
+                kwargs["device"] = normalize_device(kwargs["device"])
+            device, dtype, non_blocking, memory_format = _parse_to(*rest, **kwargs)
+        return self.transfer(t, device, dtype, non_blocking, copy, memory_format, "to")
+
+    def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        device = normalize_device(device) if device is not None else CUDA0
+        non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        return self.transfer(args[0], device, None, non_blocking, False,
+                             kwargs.get("memory_format"), "cuda")
+
+    def _cpu(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return self.transfer(args[0], CPU, None, False, False, kwargs.get("memory_format"),
+                             "cpu")
+
+    def raw_copy(self, t: Tensor, dtype: Any, memory_format: Any) -> Tensor:
+        """A host copy into a fresh storage, untraced."""
+        with self.suspended(), torch._C.DisableTorchFunction():
+            return t.to(dtype=dtype or t.dtype,
+                        memory_format=memory_format or torch.preserve_format, copy=True)
+
+    def transfer(self, t: Tensor, device: Any, dtype: Any, non_blocking: bool, copy: bool,
+                 memory_format: Any, trigger: str) -> Tensor:
+        """Tensor.to() between host and the simulated device, with the copy recorded."""
+        src_cuda = self.on_device(t)
+        if device is not None and device.type not in ("cuda", "cpu"):
+            return t.to(device, dtype, non_blocking, copy, memory_format=memory_format
+                        or torch.preserve_format)
+        if device is not None and device.type == "cuda" and (device.index or 0) != 0:
+            raise RuntimeError("CUDA error: invalid device ordinal (the simulated GPU has one "
+                               "device, cuda:0)")
+        dst_cuda = src_cuda if device is None else device.type == "cuda"
+        if dst_cuda == src_cuda:
+            kw: dict[str, Any] = {"copy": copy}
+            if dtype is not None:
+                kw["dtype"] = dtype
+            if memory_format is not None:
+                kw["memory_format"] = memory_format
+            return t.to(**kw)  # same device: dispatch propagates the marks
+
+        st = self.st
+        st.gap()
+        site = st.sites.resolve()
+        if t.requires_grad and torch.is_grad_enabled():
+            out = _SimTransfer.apply(t, self, dst_cuda, dtype, memory_format)
+        else:
+            out = self.raw_copy(t, dtype, memory_format)
+        if dst_cuda:
+            self.mark_cuda(out)
+            direction = "HtoD"
+            pinned = self.pinned_marks.has(_storage(t))
+        else:
+            direction = "DtoH"
+            pinned = non_blocking  # torch copies into pinned memory when non_blocking
+            if pinned:
+                self.pinned_marks.add(_storage(out))
+        self._record(direction, non_blocking, pinned, trigger, t, out, site)
+        return out
+
+    def _record(self, direction: str, non_blocking: bool, pinned: bool, trigger: str,
+                src: Tensor, dst: Tensor, site: Any) -> None:
+        st, profile, tl = self.st, self.st.profile, self.st.timeline
+        nbytes = dst.nbytes
+        device_ns = profile.copy_ns(direction, nbytes, pinned)
+        if not non_blocking:
+            sync, host_ns = True, tl.blocking(profile.launch_ns, device_ns, profile.sync_ns)
+        elif pinned:
+            sync, host_ns = False, tl.enqueue(profile.launch_ns, device_ns)
+        else:  # non_blocking from pageable memory: async, but the host stages it
+            sync, host_ns = False, tl.staged(profile.launch_ns, device_ns)
+        col = st.collector
+        producer = col.producer_of(src)
+        col.copy(direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
+                 host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack(),
+                 producer=producer, dst=dst, shape=list(src.shape),
+                 dtype=str(src.dtype).replace("torch.", ""))
+        if producer is not None:
+            col.set_producer(dst, producer)
+        st.returned()
+
+    def _copy_(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        dst, src = args[0], args[1]
+        non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        if not isinstance(src, Tensor) or self.on_device(dst) == self.on_device(src):
+            return func(*args, **kwargs)
+        st = self.st
+        st.gap()
+        site = st.sites.resolve()
+        with self.suspended():
+            func(dst, src, non_blocking)
+        if self.on_device(dst):
+            direction, pinned = "HtoD", self.pinned_marks.has(_storage(src))
+        else:
+            direction, pinned = "DtoH", self.pinned_marks.has(_storage(dst))
+            non_blocking = non_blocking and pinned  # into pageable memory the host waits
+        self._record(direction, non_blocking, pinned, "copy_", src, dst, site)
+        return dst
+
+    def _pin_memory(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        t = args[0]
+        if self.on_device(t):
+            raise RuntimeError(f"cannot pin '{self._type(Tensor.type, (t,), {})}' only dense "
+                               "CPU tensors can be pinned")
+        out = self.raw_copy(t, None, torch.contiguous_format)
+        self.pinned_marks.add(_storage(out))
+        producer = self.st.collector.producer_of(t)
+        if producer is not None:
+            self.st.collector.set_producer(out, producer)
+        return out
+
+    # ----- factories -----
+    def any_cuda(self, args: tuple, kwargs: dict) -> bool:
+        on_device = self.on_device
+        return any(on_device(t) for t in tensors_in(args, kwargs))
+
+    def factory(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A call with `device=` or `pin_memory=`: build on the host, mark the result."""
+        device = normalize_device(kwargs.get("device"))
+        pin = bool(kwargs.get("pin_memory", False))
+        new_kwargs = dict(kwargs)
+        if device is not None and device.type == "cuda":
+            if (device.index or 0) != 0:
+                raise RuntimeError("CUDA error: invalid device ordinal (the simulated GPU has "
+                                   "one device, cuda:0)")
+            new_kwargs["device"] = CPU
+        if pin:
+            new_kwargs["pin_memory"] = False
+        cuda = None if device is None else device.type == "cuda"
+        data = args[0] if args else kwargs.get("data")
+        copies = (cuda and func in DATA_FACTORIES
+                  and not (isinstance(data, Tensor) and self.on_device(data)))
+        st = self.st
+        if copies:
+            st.gap()
+            site = st.sites.resolve()
+        prev = st.forced
+        st.forced = cuda
+        try:
+            out = func(*args, **new_kwargs)
+        finally:
+            st.forced = prev
+        outs = tensors_out(out)
+        for o in outs:
+            if cuda:
+                self.mark_cuda(o)
+            if pin:
+                self.pinned_marks.add(_storage(o))
+        if copies and outs:
+            src = data if isinstance(data, Tensor) else outs[0]
+            self._record("HtoD", False, False, "factory", src, outs[0], site)
+        return out
+
+    # ----- reads to the host -----
+    def _repr(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        t = args[0]
+        if not self.on_device(t):
+            return func(*args, **kwargs)
+        self._read_back(t, "print", printed_bytes(t))
+        with _AnswerDevice(self):
+            return func(*args, **kwargs)
+
+    def _format(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        t = args[0]
+        if not self.on_device(t) or t.dim() == 0:
+            st = self.st
+            prev, st.trigger = st.trigger, "format"
+            try:
+                return func(*args, **kwargs)  # a 0-dim tensor reads its value with item()
+            finally:
+                st.trigger = prev
+        self._read_back(t, "print", printed_bytes(t))
+        with _AnswerDevice(self):
+            return func(*args, **kwargs)
+
+    def _tolist(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        t = args[0]
+        if self.on_device(t):
+            self._read_back(t, "tolist", t.nbytes)
+        return func(*args, **kwargs)
+
+    def _read_back(self, t: Tensor, trigger: str, nbytes: int) -> None:
+        st = self.st
+        st.gap()
+        st.sync_copy("DtoH", trigger, nbytes, t, st.sites.resolve(), 0)
+        st.returned()
