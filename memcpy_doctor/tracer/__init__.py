@@ -25,7 +25,7 @@ from ..defaults import DEFAULT_DEVICE, DEVICE_CHOICES
 from ..trace import Meta, Trace
 from . import sim as _sim
 from .cuda import CudaTimer, wait_patches
-from .modes import DispatchMode, FunctionMode, real_gpu_handlers
+from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .simdevice import SimDevice
 from .state import TraceState
 
@@ -99,7 +99,7 @@ class Tracer:
                 sim = SimDevice(lambda s: TraceState(self.profile, s, None))
                 self._sim = sim
                 state = sim.st
-                handlers = sim.handlers
+                handlers = {**common_handlers(state), **sim.handlers}
                 _sim._ACTIVE["sim"] = sim
                 stack.callback(_sim._ACTIVE.clear)
                 stack.enter_context(_Patch(

@@ -189,6 +189,18 @@ class Collector:
             del self._pending[id(t)]
             self._finish(entry[1], consumer)
 
+    def rebind(self, old: torch.Tensor, new: torch.Tensor) -> None:
+        """`new.data = old`: new now holds old's data, so it inherits old's producer and the
+        copy waiting for a consumer (Module.to() moves parameters this way)."""
+        producer = self.producer_of(old)
+        if producer is not None:
+            self.set_producer(new, producer)
+        entry = self._pending.get(id(old))
+        if entry is not None and entry[0]() is old:
+            del self._pending[id(old)]
+            k = id(new)
+            self._pending[k] = (weakref.KeyedRef(new, self._drop_pending, k), entry[1])
+
     def _finish(self, p: PendingCopy, consumer: OpRef | None) -> None:
         key = p.key + (consumer,)
         agg = self.copies.get(key)

@@ -81,6 +81,18 @@ class FunctionMode(TorchFunctionMode):
             state.trigger, state.soft_cuda = prev, prev_soft
 
 
+def common_handlers(state: TraceState) -> dict[Any, Callable]:
+    """Handlers both devices need."""
+
+    def set_data(func: Any, args: tuple, kwargs: dict) -> Any:
+        result = func(*args, **kwargs)
+        if len(args) == 2 and isinstance(args[1], torch.Tensor):
+            state.collector.rebind(args[1], args[0])
+        return result
+
+    return {torch.Tensor.data.__set__: set_data}
+
+
 def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
     """On a real GPU, print() formats under torch's own `_disable_current_modes`, so the
     dispatch mode cannot see its copies; the function mode records them instead."""
@@ -101,4 +113,5 @@ def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
         state.returned()
         return result
 
-    return {torch.Tensor.__repr__: read_back, torch.Tensor.__format__: read_back}
+    return {**common_handlers(state), torch.Tensor.__repr__: read_back,
+            torch.Tensor.__format__: read_back}

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .._torch_private import TorchFunctionMode, _parse_to
+from .._torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
 from .optable import DATA_FACTORIES
 from .sim import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
 from .state import TraceState, tensors_in, tensors_out
@@ -226,9 +226,12 @@ class SimDevice:
         return out
 
     def _record(self, direction: str, non_blocking: bool, pinned: bool, trigger: str,
-                src: Tensor, dst: Tensor, site: Any) -> None:
+                src: Tensor | None, dst: Tensor, site: Any) -> None:
         st, profile, tl = self.st, self.st.profile, self.st.timeline
         nbytes = dst.nbytes
+        if nbytes == 0:  # torch skips the memcpy of an empty tensor
+            st.returned()
+            return
         device_ns = profile.copy_ns(direction, nbytes, pinned)
         if not non_blocking:
             sync, host_ns = True, tl.blocking(profile.launch_ns, device_ns, profile.sync_ns)
@@ -237,11 +240,11 @@ class SimDevice:
         else:  # non_blocking from pageable memory: async, but the host stages it
             sync, host_ns = False, tl.staged(profile.launch_ns, device_ns)
         col = st.collector
-        producer = col.producer_of(src)
+        producer = col.producer_of(src) if src is not None else None
         col.copy(direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
                  host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack(),
-                 producer=producer, dst=dst, shape=list(src.shape),
-                 dtype=str(src.dtype).replace("torch.", ""))
+                 producer=producer, dst=dst, shape=list(dst.shape),
+                 dtype=str(dst.dtype).replace("torch.", ""))
         if producer is not None:
             col.set_producer(dst, producer)
         st.returned()
@@ -314,8 +317,8 @@ class SimDevice:
             if pin:
                 self.pinned_marks.add(_storage(o))
         if copies and outs:
-            src = data if isinstance(data, Tensor) else outs[0]
-            self._record("HtoD", False, False, "factory", src, outs[0], site)
+            self._record("HtoD", False, False, "factory",
+                         data if isinstance(data, Tensor) else None, outs[0], site)
         return out
 
     # ----- reads to the host -----
@@ -324,8 +327,14 @@ class SimDevice:
         if not self.on_device(t):
             return func(*args, **kwargs)
         self._read_back(t, "print", printed_bytes(t))
-        with _AnswerDevice(self):
-            return func(*args, **kwargs)
+        return self._device_repr(t, kwargs.get("tensor_contents"))
+
+    def _device_repr(self, t: Tensor, tensor_contents: Any = None) -> str:
+        """torch's own formatting (as Tensor.__repr__ does it), asked about the device
+        through a mode that answers from the marks, so the text says device='cuda:0'."""
+        with _AnswerDevice(self), torch.no_grad(), _disable_current_modes():
+            guard = torch._C._DisableFuncTorch()  # noqa: F841  (as torch's _str does)
+            return torch._tensor_str._str_intern(t, tensor_contents=tensor_contents)
 
     def _format(self, func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
@@ -336,9 +345,10 @@ class SimDevice:
                 return func(*args, **kwargs)  # a 0-dim tensor reads its value with item()
             finally:
                 st.trigger = prev
+        if args[1:] and args[1]:
+            return func(*args, **kwargs)  # a format spec on a non-scalar: torch's TypeError
         self._read_back(t, "print", printed_bytes(t))
-        with _AnswerDevice(self):
-            return func(*args, **kwargs)
+        return self._device_repr(t)
 
     def _tolist(self, func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]

@@ -19,6 +19,9 @@ from .sites import SiteResolver
 
 Tensor = torch.Tensor
 
+#: Ops that hand back their input's data unchanged: the producer stays the op that made it.
+_PASS_THROUGH = frozenset({"detach", "alias", "lift_fresh"})
+
 
 def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
     """Tensor arguments, including those inside list arguments (Tensor[] and Tensor?[])."""
@@ -139,8 +142,11 @@ class TraceState:
             if col.has_pending():
                 for t in ins:
                     col.consume(t, agg.ref)
+            producer = agg.ref
+            if info.short in _PASS_THROUGH and ins:
+                producer = col.producer_of(ins[0]) or producer
             for o in outs:
-                col.set_producer(o, agg.ref)
+                col.set_producer(o, producer)
 
         if any_dev:
             if sync is not None and dev_in[0]:
