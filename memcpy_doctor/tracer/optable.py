@@ -84,10 +84,6 @@ def _bool_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     return 1
 
 
-def _repeat_interleave(args: tuple, kwargs: dict, out: Any) -> int:
-    return 8
-
-
 _SYNC: dict[str, Sync] = {
     "_local_scalar_dense": Sync("DtoH", "item", _scalar_bytes),
     "nonzero": Sync("DtoH", "nonzero", _count_bytes),
@@ -101,6 +97,7 @@ _SYNC: dict[str, Sync] = {
     "unique_dim_consecutive": Sync("DtoH", "unique", _count_bytes),
     "bincount": Sync("DtoH", "bincount", _count_bytes),
     "equal": Sync("DtoH", "equal", _bool_bytes),
+    "allclose": Sync("DtoH", "allclose", _bool_bytes),
     "_linalg_check_errors": Sync("DtoH", "linalg_check", _info_bytes),
 }
 
@@ -115,7 +112,7 @@ class OpInfo:
     sync: Sync | None
     index: bool  # indexing: may read a mask or a host index tensor
     mixed_ok: bool
-    repeat_interleave_tensor: bool
+    repeat_interleave_tensor: bool  # sizes its output from a device tensor unless told
     flops: Callable[..., int] | None
 
 

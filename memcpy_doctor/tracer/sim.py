@@ -151,6 +151,9 @@ class SimStream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:
+        return False  # no CUDA graph capture on the simulated GPU
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimStream)
 
@@ -243,6 +246,7 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "stream": stream,
         "set_stream": lambda s: None,
         "device": _SimDeviceCtx,
+        "is_current_stream_capturing": lambda: False,
     }
 
 
@@ -254,6 +258,7 @@ def accelerator_patches(sim: Any) -> dict[str, Any]:
         "device_count": lambda: 1,
         "current_device_index": lambda: 0,
         "current_device_idx": lambda: 0,
+        "current_stream": lambda device=None: _DEFAULT_STREAM,
         "synchronize": lambda device=None: sim.host_wait("synchronize"),
         "memory_allocated": lambda device=None: sim.cuda_marks.allocated,
         "max_memory_allocated": lambda device=None: sim.cuda_marks.peak,

@@ -84,6 +84,7 @@ class SimDevice:
             Tensor.tolist: self._tolist,
             Tensor.type: self._type,
             Tensor.record_stream: self._record_stream,
+            Tensor.new_tensor: self._new_tensor,
         }
 
     # ----- marks -----
@@ -280,6 +281,12 @@ class SimDevice:
         return out
 
     # ----- factories -----
+    def _new_tensor(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """t.new_tensor(data) builds on t's device: from a cuda t, a copy from the host."""
+        if "device" not in kwargs and self.on_device(args[0]):
+            kwargs = {**kwargs, "device": CUDA0}
+        return self.factory(func, args, kwargs)
+
     def any_cuda(self, args: tuple, kwargs: dict) -> bool:
         on_device = self.on_device
         return any(on_device(t) for t in tensors_in(args, kwargs))
@@ -297,7 +304,8 @@ class SimDevice:
         if pin:
             new_kwargs["pin_memory"] = False
         cuda = None if device is None else device.type == "cuda"
-        data = args[0] if args else kwargs.get("data")
+        first = 1 if func is Tensor.new_tensor else 0
+        data = args[first] if len(args) > first else kwargs.get("data")
         copies = (cuda and func in DATA_FACTORIES
                   and not (isinstance(data, Tensor) and self.on_device(data)))
         st = self.st

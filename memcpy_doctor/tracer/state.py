@@ -150,12 +150,15 @@ class TraceState:
 
         if any_dev:
             if sync is not None and dev_in[0]:
-                if not info.repeat_interleave_tensor or kwargs.get("output_size") is None:
-                    trigger = sync.trigger
-                    if info.short == "_local_scalar_dense" and self.trigger in SCALAR_TRIGGERS:
-                        trigger = self.trigger
-                    self.sync_copy("DtoH", trigger, sync.nbytes(args, kwargs, out), ins[0],
-                                   site, host_ns if copy_is_op else 0)
+                trigger = sync.trigger
+                if info.short == "_local_scalar_dense" and self.trigger in SCALAR_TRIGGERS:
+                    trigger = self.trigger
+                self.sync_copy("DtoH", trigger, sync.nbytes(args, kwargs, out), ins[0], site,
+                               host_ns if copy_is_op else 0)
+            elif info.repeat_interleave_tensor and dev_in[0]:
+                output_size = args[1] if len(args) > 1 else kwargs.get("output_size")
+                if output_size is None:  # the output's size is the sum of repeats, read back
+                    self.sync_copy("DtoH", "repeat_interleave", 8, ins[0], site, 0)
             elif info.index:
                 self._index_copies(info, args, site)
         self.returned()

@@ -1,0 +1,43 @@
+"""Shared fixtures. Every test fails if it leaves a tracer, a torch mode or a patch behind."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.register_assert_rewrite("triggers_util", "helpers")
+
+import torch  # noqa: E402
+
+from memcpy_doctor.tracer import active_tracer  # noqa: E402
+
+_ORIGINAL_CUDA = {name: getattr(torch.cuda, name) for name in
+                  ("is_available", "synchronize", "device_count", "Stream", "Event")}
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a real CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def no_tracer_left_behind():
+    yield
+    problems = []
+    tracer = active_tracer()
+    if tracer is not None:
+        problems.append("a memcpy-doctor tracer is still active")
+        tracer.stop()
+    if torch._C._len_torch_function_stack():
+        problems.append("a TorchFunctionMode is still on the stack")
+    if torch._C._len_torch_dispatch_stack():
+        problems.append("a TorchDispatchMode is still on the stack")
+    for name, original in _ORIGINAL_CUDA.items():
+        if getattr(torch.cuda, name) is not original:
+            problems.append(f"torch.cuda.{name} is still patched")
+            setattr(torch.cuda, name, original)
+    if problems:
+        pytest.fail("; ".join(problems))

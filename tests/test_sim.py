@@ -1,0 +1,167 @@
+"""The simulated GPU behaves as a one-GPU machine and never changes what a program computes."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import memcpy_doctor
+from memcpy_doctor.tracer import Tracer
+
+
+def train(device: str, steps: int = 3) -> tuple[list[float], torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 2)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 8).to(device)
+        y = torch.randint(0, 2, (4,)).to(device)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model[0].weight.detach().cpu()
+
+
+def test_cuda_queries_answer_as_one_gpu():
+    with memcpy_doctor.profiler(device="sim") as prof:
+        assert torch.cuda.is_available()
+        assert torch.cuda.device_count() == 1
+        assert torch.cuda.current_device() == 0
+        assert torch.cuda.get_device_name() == "NVIDIA A100-SXM4-80GB"
+        props = torch.cuda.get_device_properties(0)
+        assert props.total_memory == 85899345920 and (props.major, props.minor) == (8, 0)
+        assert torch.accelerator.current_accelerator() == torch.device("cuda")
+        assert torch.cuda.memory_allocated() == 0
+        t = torch.zeros(1000, device="cuda")
+        assert torch.cuda.memory_allocated() == 4000
+        u = torch.ones(250, device="cuda")
+        assert torch.cuda.max_memory_allocated() == 5000
+        del t
+        gc.collect()
+        assert torch.cuda.memory_allocated() == 1000
+        assert torch.cuda.max_memory_allocated() == 5000
+        free, total = torch.cuda.mem_get_info()
+        assert (free, total) == (85899345920 - 1000, 85899345920)
+        with torch.cuda.device(0), torch.cuda.stream(torch.cuda.Stream()):
+            v = u * 2
+        assert v.is_cuda
+    assert prof.trace.summary.peak_device_memory_bytes == 5000
+    assert not torch.cuda.is_available()  # restored on exit
+
+
+def test_tensors_report_cuda_devices():
+    with memcpy_doctor.profiler(device="sim"):
+        h = torch.ones(3)
+        t = h.cuda()
+        v = t[1:]
+        s = t.sum()
+        assert (t.device, t.is_cuda, t.is_cpu, t.get_device()) == (torch.device("cuda", 0),
+                                                                   True, False, 0)
+        assert v.device.type == "cuda" and s.device.type == "cuda"
+        assert (h.device, h.is_cuda, h.get_device()) == (torch.device("cpu"), False, -1)
+        assert t.type() == "torch.cuda.FloatTensor" and h.type() == "torch.FloatTensor"
+        assert t.cpu().device.type == "cpu"
+        assert repr(t) == "tensor([1., 1., 1.], device='cuda:0')"
+        model = torch.nn.Linear(2, 2).cuda()
+        assert all(p.is_cuda for p in model.parameters())
+        assert next(model.parameters()).device == torch.device("cuda:0")
+        out = model(torch.ones(1, 2, device="cuda"))
+        assert out.is_cuda and out.grad_fn is not None
+
+
+def test_training_matches_a_cpu_run_bit_for_bit():
+    expected_losses, expected_weight = train("cpu")
+    with memcpy_doctor.profiler(device="sim") as prof:
+        losses, weight = train("cuda")
+    assert losses == expected_losses
+    assert torch.equal(weight, expected_weight)
+    # the loop really ran on the simulated device: per-step copies and reads were recorded
+    reads = [c for c in prof.trace.copies if c.trigger == "item"]
+    assert sum(c.calls for c in reads) == 3
+    grads_on_device = [o for o in prof.trace.ops if o.op == "aten::mm" and o.device == "cuda:0"]
+    assert grads_on_device
+
+
+def test_tracer_keeps_no_user_tensor_alive():
+    refs = []
+    with memcpy_doctor.profiler(device="sim"):
+        for _ in range(3):
+            t = torch.randn(100).cuda()
+            u = (t * 2).cpu()
+            refs += [weakref.ref(t), weakref.ref(u)]
+            del t, u
+        gc.collect()
+        assert all(r() is None for r in refs)
+
+
+def test_trace_size_does_not_grow_with_iterations():
+    def run(iters: int) -> memcpy_doctor.Trace:
+        with memcpy_doctor.profiler(device="sim") as prof:
+            x = torch.ones(8, device="cuda")
+            for _ in range(iters):
+                y = (x * 2).sum().item()
+                z = torch.ones(8).cuda()
+        return prof.trace
+
+    short, long = run(5), run(50)
+    assert len(short.copies) == len(long.copies) and len(short.ops) == len(long.ops)
+    assert {c.trigger: c.calls for c in long.copies} == {"item": 50, "cuda": 50}
+    assert abs(len(long.to_json()) - len(short.to_json())) < 0.1 * len(short.to_json())
+
+
+def test_modes_and_patches_are_undone_on_error():
+    with pytest.raises(ZeroDivisionError):
+        with memcpy_doctor.profiler(device="sim"):
+            torch.ones(2, device="cuda")
+            1 / 0
+    assert not torch.cuda.is_available()
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_one_tracer_at_a_time():
+    with memcpy_doctor.profiler(device="sim"):
+        with pytest.raises(RuntimeError, match="already running"):
+            Tracer(device="sim").start()
+
+
+def test_profiler_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="state"):
+        with memcpy_doctor.profiler(state="TPU"):
+            pass
+    with pytest.raises(ValueError, match="sorted_key"):
+        with memcpy_doctor.profiler(sorted_key="name"):
+            pass
+    path = tmp_path / "t.json"
+    with memcpy_doctor.profiler(device="sim", profile_path=str(path)) as prof:
+        torch.ones(2, device="cuda").sum().item()
+    assert memcpy_doctor.load_trace(path) == prof.trace
+    assert "GpuMemcpySync" in prof.report()
+
+
+def test_modeled_times_follow_the_profile():
+    """A sync read after a long kernel waits for it: the host time of the copy is the
+    kernel's remaining device time plus the copy and the sync latency."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        a = torch.ones(512, 512, device="cuda")
+        b = a @ a
+        b[0, 0].item()
+    trace = prof.trace
+    profile = trace.meta.device_profile
+    mm = next(o for o in trace.ops if o.op == "aten::mm")
+    flops = 2 * 512 ** 3
+    nbytes = 3 * 512 * 512 * 4
+    expect_mm = profile["kernel_min_ns"] + int(max(flops / profile["peak_flops"]["float32"],
+                                                   nbytes / profile["memory_bandwidth"]) * 1e9)
+    assert mm.device_ns == expect_mm and mm.host_ns == profile["launch_ns"]
+    read = next(c for c in trace.copies if c.trigger == "item")
+    assert read.device_ns == profile["copy_setup_ns"] + int(4 / 10e9 * 1e9)
+    # the host waited at least for the matmul to finish
+    assert read.host_ns >= expect_mm - profile["launch_ns"] - 10 * profile["launch_ns"]
+    assert trace.meta.simulated and trace.meta.device == "sim"
