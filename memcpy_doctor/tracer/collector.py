@@ -76,7 +76,7 @@ class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
     __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
-                 "event")
+                 "event", "holders")
 
     def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
@@ -88,8 +88,9 @@ class PendingCopy:
         self.stack = stack
         self.shape = shape
         self.dtype = dtype
-        self.agg: CopyAgg | None = None
+        self.agg: CopyAgg | None = None  # set once the consumer is known
         self.event = event
+        self.holders = 0  # live tensors (the destination and its views) awaiting a reader
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU async copies)."""
@@ -169,25 +170,50 @@ class Collector:
         if dst is None:
             self._finish(pending, None)
         else:
-            k = id(dst)
-            self._pending[k] = (weakref.KeyedRef(dst, self._drop_pending, k), pending)
+            self._hold(dst, pending)
         return pending
+
+    def _hold(self, t: torch.Tensor, pending: PendingCopy) -> None:
+        k = id(t)
+        old = self._pending.get(k)
+        if old is not None:
+            old[1].holders -= 1
+        self._pending[k] = (weakref.KeyedRef(t, self._drop_pending, k), pending)
+        pending.holders += 1
 
     def _drop_pending(self, ref: weakref.KeyedRef) -> None:
         entry = self._pending.get(ref.key)
         if entry is not None and entry[0] is ref:
             del self._pending[ref.key]
-            self._finish(entry[1], None)
+            pending = entry[1]
+            pending.holders -= 1
+            if pending.holders == 0 and pending.agg is None:
+                self._finish(pending, None)  # freed before any op read it
 
     def has_pending(self) -> bool:
         return bool(self._pending)
 
-    def consume(self, t: torch.Tensor, consumer: OpRef) -> None:
-        """`consumer` read t: if t is a copy's destination, that copy's consumer is found."""
+    def _pending_of(self, t: torch.Tensor) -> PendingCopy | None:
         entry = self._pending.get(id(t))
         if entry is not None and entry[0]() is t:
+            return entry[1]
+        return None
+
+    def consume(self, t: torch.Tensor, consumer: OpRef) -> None:
+        """`consumer` read t: if t holds a copy's destination, that copy's consumer is found."""
+        pending = self._pending_of(t)
+        if pending is not None:
             del self._pending[id(t)]
-            self._finish(entry[1], consumer)
+            pending.holders -= 1
+            if pending.agg is None:
+                self._finish(pending, consumer)
+
+    def view(self, base: torch.Tensor, views: list[torch.Tensor]) -> None:
+        """A view reads no data: the copy waits on for the first op that reads the view."""
+        pending = self._pending_of(base)
+        if pending is not None and pending.agg is None:
+            for v in views:
+                self._hold(v, pending)
 
     def rebind(self, old: torch.Tensor, new: torch.Tensor) -> None:
         """`new.data = old`: new now holds old's data, so it inherits old's producer and the
@@ -198,8 +224,8 @@ class Collector:
         entry = self._pending.get(id(old))
         if entry is not None and entry[0]() is old:
             del self._pending[id(old)]
-            k = id(new)
-            self._pending[k] = (weakref.KeyedRef(new, self._drop_pending, k), entry[1])
+            entry[1].holders -= 1
+            self._hold(new, entry[1])
 
     def _finish(self, p: PendingCopy, consumer: OpRef | None) -> None:
         key = p.key + (consumer,)
@@ -228,7 +254,8 @@ class Collector:
     def finish(self) -> None:
         """Copies never read by an op before the end get a null consumer."""
         for _, pending in list(self._pending.values()):
-            self._finish(pending, None)
+            if pending.agg is None:
+                self._finish(pending, None)
         self._pending.clear()
         self._producers.clear()
 

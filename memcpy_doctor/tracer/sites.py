@@ -8,6 +8,7 @@ the per-op cost is a short walk over cached dictionary lookups.
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 from types import CodeType, FrameType
 
@@ -21,6 +22,7 @@ _INTERNAL_ROOTS = tuple(
     for m in (torch, sys.modules[__name__.split(".")[0]])
 )
 #: Frames of the interpreter's own machinery that run a script (runpy) are never user code.
+_SCRIPT_BOUNDARY = ("<frozen runpy>", runpy.__file__)
 _INTERNAL_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
                    "<frozen importlib._bootstrap_external>")
 
@@ -74,6 +76,8 @@ class SiteResolver:
         frames: list[Site] = []
         frame = self.user_frame()
         while frame is not None and len(frames) < MAX_STACK_FRAMES:
+            if frame.f_code.co_filename in _SCRIPT_BOUNDARY:
+                break  # above runpy lies the launcher (the CLI), not the user's program
             if not self._is_internal(frame.f_code):
                 site = self.site_of(frame)
                 if site is not None:
