@@ -8,7 +8,13 @@ import pytest
 from triggers_util import check
 
 
-def test_explicit_host_to_device(tmp_path):
+@pytest.fixture(params=["sim", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request):
+    """Each case runs on the simulated GPU, and on the real one where there is one."""
+    return request.param
+
+
+def test_explicit_host_to_device(tmp_path, device):
     check(tmp_path, """
         import torch
         h = torch.arange(6.0)
@@ -21,10 +27,10 @@ def test_explicit_host_to_device(tmp_path):
         e = a.to("cuda")
         f = a.to(torch.float64)
         g = h.to(a)  # expect: HtoD sync to
-    """)
+    """, device)
 
 
-def test_non_blocking_pinned_and_pageable(tmp_path):
+def test_non_blocking_pinned_and_pageable(tmp_path, device):
     check(tmp_path, """
         import torch
         h = torch.ones(1000)
@@ -34,10 +40,10 @@ def test_non_blocking_pinned_and_pageable(tmp_path):
         q = torch.empty(10, pin_memory=True)
         c = q.cuda(non_blocking=True)  # expect: HtoD async cuda pinned
         assert p.is_pinned() and q.is_pinned() and not h.is_pinned()
-    """)
+    """, device)
 
 
-def test_factories_with_data(tmp_path):
+def test_factories_with_data(tmp_path, device):
     check(tmp_path, """
         import torch
         a = torch.tensor([1.0, 2.0], device="cuda")  # expect: HtoD sync factory
@@ -49,10 +55,10 @@ def test_factories_with_data(tmp_path):
         g = torch.arange(10, device="cuda")
         h = torch.full((2,), 3.0, device="cuda")
         i = torch.tensor([], device="cuda")
-    """)
+    """, device)
 
 
-def test_device_to_host(tmp_path):
+def test_device_to_host(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -61,10 +67,10 @@ def test_device_to_host(tmp_path):
         h = torch.empty(6)
         h.copy_(t)  # expect: DtoH sync copy_
         c = t.to("cpu", non_blocking=True)  # expect: DtoH async to pinned
-    """)
+    """, device)
 
 
-def test_scalar_reads(tmp_path):
+def test_scalar_reads(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -80,10 +86,10 @@ def test_scalar_reads(tmp_path):
         r = list(range(t[3].long()))  # expect: DtoH sync __index__
         e = torch.is_nonzero(t[1:2])  # expect: DtoH sync bool
         f = f"{t.sum():.2f}"  # expect: DtoH sync format
-    """)
+    """, device)
 
 
-def test_reads_of_whole_tensors(tmp_path):
+def test_reads_of_whole_tensors(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -98,19 +104,19 @@ def test_reads_of_whole_tensors(tmp_path):
             assert "Use Tensor.cpu()" in str(e)
         else:
             raise AssertionError("numpy() of a cuda tensor must raise")
-    """)
+    """, device)
 
 
-def test_comparisons_to_python_bool(tmp_path):
+def test_comparisons_to_python_bool(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
         a = torch.equal(t, t)  # expect: DtoH sync equal
         b = torch.allclose(t, t)  # expect: DtoH sync allclose
-    """)
+    """, device)
 
 
-def test_data_dependent_shapes(tmp_path):
+def test_data_dependent_shapes(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -125,10 +131,10 @@ def test_data_dependent_shapes(tmp_path):
         h = torch.unique_consecutive(t)  # expect: DtoH sync unique
         i = torch.where(t > 1, t, 0.0)
         j = torch.nonzero_static(t, size=6)
-    """)
+    """, device)
 
 
-def test_counts_and_repeats(tmp_path):
+def test_counts_and_repeats(tmp_path, device):
     check(tmp_path, """
         import torch
         x = torch.arange(3, device="cuda")
@@ -137,10 +143,10 @@ def test_counts_and_repeats(tmp_path):
         b = torch.repeat_interleave(x, r)  # expect: DtoH sync repeat_interleave
         c = torch.repeat_interleave(x, r, output_size=3)
         d = torch.repeat_interleave(x, 2)
-    """)
+    """, device)
 
 
-def test_host_index_tensor(tmp_path):
+def test_host_index_tensor(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -150,10 +156,10 @@ def test_host_index_tensor(tmp_path):
         t[idx] = 1.0  # expect: HtoD sync index
         c = t[torch.tensor([0, 1], device="cuda")]  # expect: HtoD sync factory
         d = t[1:3]
-    """)
+    """, device)
 
 
-def test_no_copy_cases(tmp_path):
+def test_no_copy_cases(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -163,10 +169,10 @@ def test_no_copy_cases(tmp_path):
         d = t.any()
         e = torch.zeros(3, device="cuda") + 1
         f = t.shape[0] + t.numel() + t.dim()
-    """)
+    """, device)
 
 
-def test_mixing_devices_raises_as_on_a_gpu(tmp_path):
+def test_mixing_devices_raises_as_on_a_gpu(tmp_path, device):
     trace = check(tmp_path, """
         import torch
         t = torch.arange(6.0, device="cuda")
@@ -183,11 +189,11 @@ def test_mixing_devices_raises_as_on_a_gpu(tmp_path):
             assert "Expected all tensors to be on the same device" in str(e)
         else:
             raise AssertionError("mm over two devices must raise")
-    """)
+    """, device)
     assert trace.copies == []
 
 
-def test_host_waits(tmp_path):
+def test_host_waits(tmp_path, device):
     check(tmp_path, """
         import torch
         t = torch.ones(4, device="cuda") * 2
@@ -198,19 +204,19 @@ def test_host_waits(tmp_path):
         e = torch.cuda.Event(enable_timing=True)
         e.record()
         e.synchronize()  # wait: event_synchronize
-    """)
+    """, device)
 
 
-def test_linalg_error_checks(tmp_path):
+def test_linalg_error_checks(tmp_path, device):
     check(tmp_path, """
         import torch
         m = torch.eye(3, device="cuda") * 2
         a = torch.linalg.inv(m)  # expect: DtoH sync linalg_check
         b, info = torch.linalg.inv_ex(m)
-    """)
+    """, device)
 
 
-def test_backward_of_a_transfer_copies_back(tmp_path):
+def test_backward_of_a_transfer_copies_back(tmp_path, device):
     trace = check(tmp_path, """
         import torch
         w = torch.ones(3, requires_grad=True)
@@ -219,7 +225,7 @@ def test_backward_of_a_transfer_copies_back(tmp_path):
         loss.backward()  # expect: DtoH sync backward
         assert w.grad.device.type == "cpu", w.grad.device
         assert w.grad.tolist() == [2.0, 2.0, 2.0]
-    """)
+    """, device)
     assert trace is not None
 
 
@@ -227,7 +233,7 @@ def test_backward_of_a_transfer_copies_back(tmp_path):
     't.to("cuda:1")',
     'torch.zeros(2, device="cuda:1")',
 ])
-def test_second_device_does_not_exist(tmp_path, line):
+def test_second_device_does_not_exist(tmp_path, device, line):
     check(tmp_path, f"""
         import torch
         t = torch.ones(2)
@@ -237,4 +243,4 @@ def test_second_device_does_not_exist(tmp_path, line):
             assert "invalid device ordinal" in str(e)
         else:
             raise AssertionError("the simulated GPU has one device")
-    """)
+    """, device)
