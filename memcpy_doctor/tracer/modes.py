@@ -43,7 +43,6 @@ class FunctionMode(TorchFunctionMode):
         self.handlers = handlers
         sim = state.sim
         self.factory = sim.factory if sim is not None else None
-        self.any_cuda = sim.any_cuda if sim is not None else None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -70,15 +69,13 @@ class FunctionMode(TorchFunctionMode):
             return self.factory(func, args, kwargs)
         if getattr(func, "__name__", None) == "__get__":
             return func(*args, **kwargs)
-        with _DisableTorchFunction():
-            soft = self.any_cuda(args, kwargs)
-        prev, prev_soft = state.trigger, state.soft_cuda
+        prev, prev_call = state.trigger, state.call_args
         state.trigger = trigger or prev
-        state.soft_cuda = soft
+        state.call_args = (args, kwargs)  # read only if an op inside has no tensor inputs
         try:
             return func(*args, **kwargs)
         finally:
-            state.trigger, state.soft_cuda = prev, prev_soft
+            state.trigger, state.call_args = prev, prev_call
 
 
 def common_handlers(state: TraceState) -> dict[Any, Callable]:

@@ -114,7 +114,38 @@ class OpInfo:
     index: bool  # indexing: may read a mask or a host index tensor
     mixed_ok: bool
     repeat_interleave_tensor: bool  # sizes its output from a device tensor unless told
-    flops: Callable[..., int] | None
+    flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
+
+
+def _mm_flops(args: tuple, kwargs: dict, outs: list) -> int:
+    a, b = args[0], args[1]
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def _addmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
+    return _mm_flops(args[1:], kwargs, outs)
+
+
+def _bmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
+    a, b = args[0], args[1]
+    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+def _baddbmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
+    return _bmm_flops(args[1:], kwargs, outs)
+
+
+#: The commonest formulas, written out: flop_counter's generic ones map over pytrees, which
+#: costs more than the rest of the per-op path together.
+_FAST_FLOPS: dict[str, Callable[[tuple, dict, list], int]] = {
+    "mm": _mm_flops, "addmm": _addmm_flops, "bmm": _bmm_flops, "baddbmm": _baddbmm_flops,
+}
+
+
+def _registry_flops(formula: Callable[..., int]) -> Callable[[tuple, dict, list], int]:
+    def flops(args: tuple, kwargs: dict, outs: list) -> int:
+        return formula(*args, **kwargs, out_val=outs[0] if len(outs) == 1 else outs)
+    return flops
 
 
 _CACHE: dict[Any, OpInfo] = {}
@@ -137,7 +168,8 @@ def op_info(func: Any) -> OpInfo:
             mixed_ok=short in MIXED_DEVICE_OK,
             repeat_interleave_tensor=(short == "repeat_interleave"
                                       and func._overloadname.startswith("Tensor")),
-            flops=flop_registry.get(packet),
+            flops=_FAST_FLOPS.get(short) or (
+                _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
         )
         _CACHE[func] = info
     return info

@@ -61,7 +61,9 @@ class TraceState:
         self.suspended = False
         self.trigger: str | None = None  # the Python call now running, if it names copies
         self.forced: bool | None = None  # simulated factory: outputs on cuda (True) / host
-        self.soft_cuda = False  # simulated: the torch call now running has cuda inputs
+        # simulated: the arguments of the torch call now running; an op inside it with no
+        # tensor inputs (a factory inside a composite op) is on cuda if they are
+        self.call_args: tuple[tuple, dict] | None = None
         self.last_exit = perf_counter_ns()
         self.untraced: set[str] = set()
 
@@ -111,8 +113,12 @@ class TraceState:
         outs = tensors_out(out)
 
         if sim is not None:
-            cuda_out = self.forced if self.forced is not None else (
-                any_dev if ins else self.soft_cuda)
+            if self.forced is not None:
+                cuda_out = self.forced
+            elif ins:
+                cuda_out = any_dev
+            else:
+                cuda_out = self.call_args is not None and sim.any_cuda(*self.call_args)
             if cuda_out:
                 for o in outs:
                     sim.mark_cuda(o)
@@ -176,7 +182,7 @@ class TraceState:
         flops = 0
         if info.flops is not None:
             try:
-                flops = info.flops(*args, **kwargs, out_val=outs[0] if len(outs) == 1 else outs)
+                flops = info.flops(args, kwargs, outs)
             except Exception:  # a formula that does not fit these arguments: count bytes only
                 flops = 0
         nbytes = sum(t.nbytes for t in ins) + sum(o.nbytes for o in outs)
