@@ -207,33 +207,34 @@ class Trace:
 
     @classmethod
     def from_dict(cls, data: Any) -> Trace:
+        """Build a Trace from parsed JSON, checking every field's type; TraceError if not."""
         if not isinstance(data, dict) or "schema_version" not in data:
             raise TraceError("not a memcpy-doctor trace (no schema_version)")
         version = data["schema_version"]
-        if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+        if type(version) is not int or version < 1:
+            raise TraceError(f"schema_version {version!r} is not supported: not a valid version")
+        if version > SCHEMA_VERSION:
             raise TraceError(
-                f"schema_version {version!r} is not supported (this memcpy-doctor reads "
-                f"1..{SCHEMA_VERSION}); upgrade memcpy-doctor")
+                f"schema_version {version} is not supported: newer than this memcpy-doctor "
+                f"reads (1..{SCHEMA_VERSION}); upgrade memcpy-doctor")
         try:
-            s = data["summary"]
-            mem = s["memcpy"]
+            s = _obj(data["summary"], "summary")
+            mem = _obj(s["memcpy"], "summary.memcpy")
+            peak = s.get("peak_device_memory_bytes")
             summary = Summary(
-                total_ns=int(s["total_ns"]), computation_ns=int(s["computation_ns"]),
-                overhead_ns=int(s["overhead_ns"]),
+                total_ns=_int(s["total_ns"]), computation_ns=_int(s["computation_ns"]),
+                overhead_ns=_int(s["overhead_ns"]),
                 memcpy_all=_figure(mem["all"]), memcpy_async=_figure(mem["async"]),
                 memcpy_sync=_figure(mem["sync"]),
-                peak_device_memory_bytes=s.get("peak_device_memory_bytes"))
-            return cls(
-                meta=Meta(**data["meta"]),
-                summary=summary,
-                events=[EventRow(**e) for e in data["events"]],
-                ops=[OpRecord(**{**o, "site": _site(o["site"])}) for o in data["ops"]],
-                copies=[_copy(c) for c in data["copies"]],
-                waits=[WaitRecord(**{**w, "site": _site(w["site"])}) for w in data["waits"]],
-            )
+                peak_device_memory_bytes=None if peak is None else _int(peak))
+            return cls(meta=_meta(data["meta"]), summary=summary,
+                       events=[_event(e) for e in _list(data["events"], "events")],
+                       ops=[_op(o) for o in _list(data["ops"], "ops")],
+                       copies=[_copy(c) for c in _list(data["copies"], "copies")],
+                       waits=[_wait(w) for w in _list(data["waits"], "waits")])
         except TraceError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise TraceError(f"malformed trace ({type(e).__name__}: {e})") from None
 
     @classmethod
@@ -251,7 +252,7 @@ class Trace:
             raise TraceError(f"{path}: empty file")
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, or an over-long integer
             raise TraceError(f"{path}: not valid JSON ({e})") from None
         try:
             return cls.from_dict(data)
@@ -260,36 +261,47 @@ class Trace:
 
     # ----- pandas -----
     def dataframes(self) -> dict[str, Any]:
-        """The trace's tables as pandas DataFrames, units in the column names."""
+        """The trace's tables as pandas DataFrames, units in the column names. Every table
+        has its columns even when it has no rows."""
         import pandas as pd
 
-        def flat_site(prefix: str, site: Site | None) -> dict[str, Any]:
-            return {f"{prefix}file": site.file if site else None,
-                    f"{prefix}line": site.line if site else None,
-                    f"{prefix}function": site.function if site else None}
+        def site(prefix: str, st: Site | None) -> dict[str, Any]:
+            return {f"{prefix}file": st.file if st else None,
+                    f"{prefix}line": st.line if st else None,
+                    f"{prefix}function": st.function if st else None}
 
-        def flat_ref(prefix: str, ref: OpRef | None) -> dict[str, Any]:
-            return {f"{prefix}op": ref.op if ref else None,
-                    f"{prefix}device": ref.device if ref else None,
-                    **flat_site(prefix + "site_", ref.site if ref else None)}
+        def ref(prefix: str, r: OpRef | None) -> dict[str, Any]:
+            return {f"{prefix}op": r.op if r else None, f"{prefix}device": r.device if r else None,
+                    **site(prefix + "site_", r.site if r else None)}
 
-        events = pd.DataFrame([
-            {"event": e.name, "calls": e.calls, "cpu_time_ns": e.cpu_ns, "gpu_time_ns": e.gpu_ns,
-             "total_time_ns": e.total_ns, "min_time_ns": e.min_ns, "max_time_ns": e.max_ns}
-            for e in self.events])
-        ops = pd.DataFrame([
-            {"op": o.op, "device": o.device, **flat_site("", o.site), "calls": o.calls,
-             "host_time_ns": o.host_ns, "device_time_ns": o.device_ns} for o in self.ops])
-        copies = pd.DataFrame([
-            {"direction": c.direction, "sync": c.sync, "pinned": c.pinned, "trigger": c.trigger,
-             "calls": c.calls, "bytes": c.bytes, "host_time_ns": c.host_ns,
-             "device_time_ns": c.device_ns, **flat_site("", c.site),
-             **flat_ref("producer_", c.producer), **flat_ref("consumer_", c.consumer)}
-            for c in self.copies])
-        waits = pd.DataFrame([
-            {"kind": w.kind, "calls": w.calls, "wait_time_ns": w.wait_ns, **flat_site("", w.site)}
-            for w in self.waits])
-        return {"events": events, "ops": ops, "copies": copies, "waits": waits}
+        def table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
+            return pd.DataFrame(rows, columns=columns)
+
+        site_cols = list(site("", None))
+        return {
+            "events": table([
+                {"event": e.name, "calls": e.calls, "cpu_time_ns": e.cpu_ns,
+                 "gpu_time_ns": e.gpu_ns, "total_time_ns": e.total_ns, "min_time_ns": e.min_ns,
+                 "max_time_ns": e.max_ns} for e in self.events],
+                ["event", "calls", "cpu_time_ns", "gpu_time_ns", "total_time_ns", "min_time_ns",
+                 "max_time_ns"]),
+            "ops": table([
+                {"op": o.op, "device": o.device, **site("", o.site), "calls": o.calls,
+                 "host_time_ns": o.host_ns, "device_time_ns": o.device_ns} for o in self.ops],
+                ["op", "device", *site_cols, "calls", "host_time_ns", "device_time_ns"]),
+            "copies": table([
+                {"direction": c.direction, "sync": c.sync, "pinned": c.pinned,
+                 "trigger": c.trigger, "calls": c.calls, "bytes": c.bytes,
+                 "host_time_ns": c.host_ns, "device_time_ns": c.device_ns, **site("", c.site),
+                 **ref("producer_", c.producer), **ref("consumer_", c.consumer)}
+                for c in self.copies],
+                ["direction", "sync", "pinned", "trigger", "calls", "bytes", "host_time_ns",
+                 "device_time_ns", *site_cols, *ref("producer_", None),
+                 *ref("consumer_", None)]),
+            "waits": table([
+                {"kind": w.kind, "calls": w.calls, "wait_time_ns": w.wait_ns, **site("", w.site)}
+                for w in self.waits], ["kind", "calls", "wait_time_ns", *site_cols]),
+        }
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
@@ -297,29 +309,108 @@ def load_trace(path: str | os.PathLike) -> Trace:
     return Trace.load(path)
 
 
-def _figure(d: dict[str, Any]) -> MemcpyFigure:
-    return MemcpyFigure(calls=int(d["calls"]), time_ns=int(d["time_ns"]))
+def _bad(what: str, value: Any) -> TraceError:
+    return TraceError(f"malformed trace: {what} is {value!r:.60}")
 
 
-def _site(d: dict[str, Any] | None) -> Site | None:
+def _int(v: Any, what: str = "a count or time") -> int:
+    if type(v) is not int:
+        raise _bad(what, v)
+    return v
+
+
+def _str(v: Any, what: str = "a name") -> str:
+    if not isinstance(v, str):
+        raise _bad(what, v)
+    return v
+
+
+def _bool(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise _bad(what, v)
+    return v
+
+
+def _obj(v: Any, what: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _bad(what, v)
+    return v
+
+
+def _list(v: Any, what: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise _bad(what, v)
+    return v
+
+
+def _meta(d: Any) -> Meta:
+    d = _obj(d, "meta")
+    profile = d.get("device_profile")
+    status = d.get("exit_status")
+    return Meta(device=_str(d["device"]), simulated=_bool(d["simulated"], "meta.simulated"),
+                device_name=_str(d["device_name"]),
+                device_profile=None if profile is None else _obj(profile, "device_profile"),
+                torch_version=_str(d["torch_version"]),
+                command=[_str(c) for c in _list(d["command"], "meta.command")],
+                exit_status=None if status is None else _int(status, "exit_status"),
+                ended_by=_str(d.get("ended_by", "completed")),
+                memcpy_doctor_version=_str(d.get("memcpy_doctor_version", "")),
+                untraced=[_str(u) for u in _list(d.get("untraced", []), "meta.untraced")])
+
+
+def _figure(d: Any) -> MemcpyFigure:
+    d = _obj(d, "a memcpy figure")
+    return MemcpyFigure(calls=_int(d["calls"]), time_ns=_int(d["time_ns"]))
+
+
+def _site(d: Any) -> Site | None:
     if d is None:
         return None
-    return Site(file=str(d["file"]), line=int(d["line"]), function=str(d["function"]))
+    d = _obj(d, "a site")
+    return Site(file=_str(d["file"]), line=_int(d["line"], "a line number"),
+                function=_str(d["function"]))
 
 
-def _ref(d: dict[str, Any] | None) -> OpRef | None:
+def _ref(d: Any) -> OpRef | None:
     if d is None:
         return None
-    return OpRef(op=str(d["op"]), device=str(d["device"]), site=_site(d["site"]))
+    d = _obj(d, "an op reference")
+    return OpRef(op=_str(d["op"]), device=_str(d["device"]), site=_site(d["site"]))
 
 
-def _copy(d: dict[str, Any]) -> CopyRecord:
-    d = dict(d)
-    d.pop("time_ms", None)
+def _event(d: Any) -> EventRow:
+    d = _obj(d, "an event")
+    return EventRow(name=_str(d["name"]), calls=_int(d["calls"]), cpu_ns=_int(d["cpu_ns"]),
+                    gpu_ns=_int(d["gpu_ns"]), min_ns=_int(d["min_ns"]),
+                    max_ns=_int(d["max_ns"]))
+
+
+def _op(d: Any) -> OpRecord:
+    d = _obj(d, "an op")
+    return OpRecord(op=_str(d["op"]), device=_str(d["device"]), site=_site(d["site"]),
+                    calls=_int(d["calls"]), host_ns=_int(d["host_ns"]),
+                    device_ns=_int(d["device_ns"]))
+
+
+def _wait(d: Any) -> WaitRecord:
+    d = _obj(d, "a wait")
+    return WaitRecord(kind=_str(d["kind"]), calls=_int(d["calls"]), wait_ns=_int(d["wait_ns"]),
+                      site=_site(d["site"]))
+
+
+def _copy(d: Any) -> CopyRecord:
+    d = _obj(d, "a copy")
     if d.get("direction") not in DIRECTIONS:
         raise TraceError(f"copy direction {d.get('direction')!r} is not one of {DIRECTIONS}")
-    d["site"] = _site(d["site"])
-    d["stack"] = [_site(s) for s in d["stack"]]
-    d["producer"] = _ref(d["producer"])
-    d["consumer"] = _ref(d["consumer"])
-    return CopyRecord(**d)
+    pinned = d["pinned"]
+    shape = d.get("shape")
+    dtype = d.get("dtype")
+    return CopyRecord(
+        direction=d["direction"], sync=_bool(d["sync"], "copy.sync"),
+        pinned=None if pinned is None else _bool(pinned, "copy.pinned"),
+        trigger=_str(d["trigger"]), calls=_int(d["calls"]), bytes=_int(d["bytes"]),
+        host_ns=_int(d["host_ns"]), device_ns=_int(d["device_ns"]), site=_site(d["site"]),
+        stack=[_site(f) for f in _list(d["stack"], "copy.stack")],
+        producer=_ref(d["producer"]), consumer=_ref(d["consumer"]),
+        shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
+        dtype=None if dtype is None else _str(dtype))

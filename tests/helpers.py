@@ -75,8 +75,8 @@ def make_events() -> list[EventRow]:
 
 def make_ops() -> list[OpRecord]:
     return [
-        OpRecord("aten::mm", "cuda", FORWARD_MM, 10, 1_000_000, 3_000_000),
-        OpRecord("aten::add", "cuda", FORWARD_ADD, 20, 2_000_000, 1_000_000),
+        OpRecord("aten::mm", "cuda:0", FORWARD_MM, 10, 1_000_000, 3_000_000),
+        OpRecord("aten::add", "cuda:0", FORWARD_ADD, 20, 2_000_000, 1_000_000),
     ]
 
 
@@ -87,19 +87,19 @@ def make_copies() -> list[CopyRecord]:
                    bytes=4_096, host_ns=1_500_000, device_ns=500_000, site=TRAIN_STEP_TO,
                    stack=[TRAIN_STEP_TO, MAIN],
                    producer=OpRef("aten::arange", "cpu", MAKE_BATCH),
-                   consumer=OpRef("aten::mm", "cuda", FORWARD_MM),
+                   consumer=OpRef("aten::mm", "cuda:0", FORWARD_MM),
                    shape=[32, 32], dtype="float32"),
         # loss.item(): a Python number, so no op ever reads the result.
         CopyRecord(direction="DtoH", sync=True, pinned=False, trigger="item", calls=10,
                    bytes=40, host_ns=900_000, device_ns=100_000, site=TRAIN_STEP_ITEM,
                    stack=[TRAIN_STEP_ITEM, MAIN],
-                   producer=OpRef("aten::add", "cuda", FORWARD_ADD), consumer=None,
+                   producer=OpRef("aten::add", "cuda:0", FORWARD_ADD), consumer=None,
                    shape=[], dtype="float32"),
         # t.to("cpu", non_blocking=True) into pinned memory.
         CopyRecord(direction="DtoH", sync=False, pinned=True, trigger="to", calls=5,
                    bytes=2_000_000, host_ns=500_000, device_ns=500_000, site=LOG_METRICS,
                    stack=[LOG_METRICS, MAIN],
-                   producer=OpRef("aten::mm", "cuda", FORWARD_MM),
+                   producer=OpRef("aten::mm", "cuda:0", FORWARD_MM),
                    consumer=OpRef("aten::add", "cpu", LOG_METRICS_READ),
                    shape=[500, 1000], dtype="float32"),
     ]

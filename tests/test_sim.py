@@ -157,11 +157,11 @@ def test_modeled_times_follow_the_profile():
     mm = next(o for o in trace.ops if o.op == "aten::mm")
     flops = 2 * 512 ** 3
     nbytes = 3 * 512 * 512 * 4
-    expect_mm = profile["kernel_min_ns"] + int(max(flops / profile["peak_flops"]["float32"],
+    expect_mm = profile["kernel_min_ns"] + round(max(flops / profile["peak_flops"]["float32"],
                                                    nbytes / profile["memory_bandwidth"]) * 1e9)
     assert mm.device_ns == expect_mm and mm.host_ns == profile["launch_ns"]
     read = next(c for c in trace.copies if c.trigger == "item")
-    assert read.device_ns == profile["copy_setup_ns"] + int(4 / 10e9 * 1e9)
+    assert read.device_ns == profile["copy_setup_ns"] + round(4 / 10e9 * 1e9)
     # the host waited at least for the matmul to finish
     assert read.host_ns >= expect_mm - profile["launch_ns"] - 10 * profile["launch_ns"]
     assert trace.meta.simulated and trace.meta.device == "sim"

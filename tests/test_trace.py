@@ -79,7 +79,7 @@ def test_json_layout():
     assert data["events"][0] == {"name": "aten::mm", "calls": 10, "cpu_ns": 1_000_000,
                                  "gpu_ns": 3_000_000, "min_ns": 300_000, "max_ns": 800_000}
     assert data["ops"][0] == {
-        "op": "aten::mm", "device": "cuda",
+        "op": "aten::mm", "device": "cuda:0",
         "site": {"file": "/work/proj/model.py", "line": 20, "function": "forward"},
         "calls": 10, "host_ns": 1_000_000, "device_ns": 3_000_000}
     assert data["waits"] == [{
@@ -113,7 +113,7 @@ def test_json_copies_layout():
         "op": "aten::arange", "device": "cpu",
         "site": {"file": "/work/proj/data.py", "line": 10, "function": "make_batch"}}
     assert first["consumer"] == {
-        "op": "aten::mm", "device": "cuda",
+        "op": "aten::mm", "device": "cuda:0",
         "site": {"file": "/work/proj/model.py", "line": 20, "function": "forward"}}
     assert first["shape"] == [32, 32]
     assert first["dtype"] == "float32"
@@ -272,8 +272,6 @@ def test_load_unsupported_schema_version(tmp_path, version):
     assert f"schema_version {version!r} is not supported" in message
 
 
-@pytest.mark.xfail(strict=True, reason="bug: isinstance(True, int) lets JSON `true` pass as "
-                   "schema_version 1 in Trace.from_dict")
 def test_load_boolean_schema_version_true(tmp_path):
     data = _valid()
     data["schema_version"] = True
@@ -302,7 +300,6 @@ def test_load_missing_summary(tmp_path):
 
 @pytest.mark.parametrize("mutate", [
     lambda d: d["meta"].pop("device"),
-    lambda d: d["meta"].update(unexpected=1),
     lambda d: d["summary"]["memcpy"].pop("sync"),
     lambda d: d["summary"].update(total_ns="ten"),
     lambda d: d["events"][0].pop("calls"),
@@ -313,7 +310,7 @@ def test_load_missing_summary(tmp_path):
     lambda d: d["copies"][0]["producer"].update(site={"file": "x.py"}),
     lambda d: d["waits"][0].update(site={"file": "x.py", "line": "forty", "function": "f"}),
     lambda d: d.pop("waits"),
-], ids=["meta-field-missing", "meta-field-extra", "memcpy-sync-missing", "total-not-int",
+], ids=["meta-field-missing", "memcpy-sync-missing", "total-not-int",
         "event-calls-missing", "events-null", "op-site-string", "copy-stack-bad",
         "copy-producer-missing", "ref-site-incomplete", "wait-line-not-int", "waits-missing"])
 def test_load_malformed_trace(tmp_path, mutate):
@@ -324,9 +321,6 @@ def test_load_malformed_trace(tmp_path, mutate):
     assert "malformed trace" in _load_error(path)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="bug: int(float('inf')) raises OverflowError, which Trace.from_dict "
-                          "does not turn into TraceError (json.loads accepts Infinity)")
 def test_load_infinite_number(tmp_path):
     path = tmp_path / "t.json"
     text = make_trace().to_json().replace('"total_ns": 10000000', '"total_ns": Infinity', 1)
@@ -335,9 +329,6 @@ def test_load_infinite_number(tmp_path):
     _load_error(path)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="bug: json.loads raises a plain ValueError (not JSONDecodeError) for "
-                          "an integer of more than 4300 digits; Trace.load lets it escape")
 def test_load_integer_too_long_for_python(tmp_path):
     path = tmp_path / "t.json"
     path.write_text('{"schema_version": ' + "1" * 5000 + "}")
@@ -368,10 +359,10 @@ def test_dataframe_ops():
     assert list(ops.columns) == ["op", "device", "file", "line", "function", "calls",
                                  "host_time_ns", "device_time_ns"]
     assert ops.to_dict("records") == [
-        {"op": "aten::mm", "device": "cuda", "file": "/work/proj/model.py", "line": 20,
+        {"op": "aten::mm", "device": "cuda:0", "file": "/work/proj/model.py", "line": 20,
          "function": "forward", "calls": 10, "host_time_ns": 1_000_000,
          "device_time_ns": 3_000_000},
-        {"op": "aten::add", "device": "cuda", "file": "/work/proj/model.py", "line": 25,
+        {"op": "aten::add", "device": "cuda:0", "file": "/work/proj/model.py", "line": 25,
          "function": "forward", "calls": 20, "host_time_ns": 2_000_000,
          "device_time_ns": 1_000_000},
     ]
@@ -401,7 +392,7 @@ def test_dataframe_copies():
         "/work/proj/data.py", "/work/proj/model.py", "/work/proj/model.py"]
     first = copies.iloc[0]
     assert first["consumer_op"] == "aten::mm"
-    assert first["consumer_device"] == "cuda"
+    assert first["consumer_device"] == "cuda:0"
     assert first["consumer_site_file"] == "/work/proj/model.py"
     assert first["consumer_site_line"] == 20
     assert first["consumer_site_function"] == "forward"
@@ -428,9 +419,6 @@ def test_dataframe_site_none_gives_missing_values():
     assert ops.iloc[1]["line"] == 25
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Trace.dataframes() builds each DataFrame from a "
-                   "list of row dicts, so a trace with no copies (or waits, ops, events) gets "
-                   "a DataFrame with no columns at all; df['bytes'] raises KeyError")
 def test_dataframe_columns_present_when_table_empty():
     frames = make_trace(copies=[], waits=[]).dataframes()
     assert "bytes" in frames["copies"].columns
@@ -528,3 +516,12 @@ def test_json_strategy_sanity():
     data["summary"]["total_ns"] = math.nan
     with pytest.raises(TraceError, match="malformed trace"):
         Trace.from_dict(data)
+
+
+def test_load_ignores_unknown_meta_fields(tmp_path):
+    """A field added within the same schema version is ignored, not an error."""
+    data = make_trace().to_dict()
+    data["meta"]["added_later"] = 1
+    path = tmp_path / "t.json"
+    _write_json(path, data)
+    assert Trace.load(path) == make_trace()

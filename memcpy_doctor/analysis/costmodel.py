@@ -39,12 +39,13 @@ class DeviceProfile:
     sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DeviceProfile:
-        d = dict(d)
-        d["compute_capability"] = tuple(d.get("compute_capability", (8, 0)))
+    def from_dict(cls, d: Any) -> DeviceProfile:
+        if not isinstance(d, dict):
+            raise ProfileError("a device profile must be a JSON object")
         try:
+            d = {**d, "compute_capability": tuple(d.get("compute_capability", (8, 0)))}
             return cls(**d)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ProfileError(f"bad device profile: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,7 +57,7 @@ class DeviceProfile:
     def kernel_ns(self, flops: float, nbytes: int, dtype_name: str) -> int:
         """Modeled device time of one kernel."""
         peak = self.peak_flops.get(dtype_name) or self.peak_flops["other"]
-        return self.kernel_min_ns + int(max(flops / peak, nbytes / self.memory_bandwidth) * 1e9)
+        return self.kernel_min_ns + round(max(flops / peak, nbytes / self.memory_bandwidth) * 1e9)
 
     def copy_ns(self, direction: str, nbytes: int, pinned: bool | None) -> int:
         """Modeled device time of one transfer (DMA setup plus bytes over the link)."""
@@ -64,7 +65,7 @@ class DeviceProfile:
             bw = self.copy_bandwidth["DtoD"]
         else:
             bw = self.copy_bandwidth[f"{direction}_{'pinned' if pinned else 'pageable'}"]
-        return self.copy_setup_ns + int(nbytes / bw * 1e9)
+        return self.copy_setup_ns + round(nbytes / bw * 1e9)
 
 
 def load_profile(name_or_path: str | None = None) -> DeviceProfile:
@@ -74,6 +75,8 @@ def load_profile(name_or_path: str | None = None) -> DeviceProfile:
         try:
             with open(name, encoding="utf-8") as f:
                 return DeviceProfile.from_dict(json.load(f))
+        except ProfileError as e:
+            raise ProfileError(f"{name}: {e}") from None
         except (OSError, ValueError) as e:
             raise ProfileError(f"{name}: cannot read device profile ({e})") from None
     try:

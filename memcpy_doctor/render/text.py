@@ -35,7 +35,7 @@ def short_path(path: str, cwd: str | None = None) -> str:
         rel = os.path.relpath(path, cwd)
     except ValueError:  # another drive on Windows
         return path
-    return path if rel.startswith("..") else rel
+    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
 def format_site(site: Site | None, cwd: str | None = None) -> str:
@@ -96,7 +96,7 @@ def place(trace: Trace) -> str:
     if m.simulated:
         return (f"CUDA:0 (simulated {m.device_name}; device and copy times are modeled, "
                 "not measured)")
-    return f"{m.device.upper()} ({m.device_name})"
+    return f"CUDA:0 ({m.device_name})"
 
 
 def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = None) -> str:
