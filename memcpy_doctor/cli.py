@@ -47,7 +47,8 @@ def profile(device: str, device_profile: str | None, output: str, sort: str, scr
             args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
     (to stderr) and write the trace. Options after SCRIPT belong to the script."""
-    out_dir = os.path.dirname(os.path.abspath(output))
+    out_path = os.path.abspath(output)  # taken now: the script may change directory
+    out_dir = os.path.dirname(out_path)
     if not os.path.isdir(out_dir):
         raise UsageProblem(f"-o {output}: directory {out_dir} does not exist")
     try:
@@ -68,7 +69,7 @@ def profile(device: str, device_profile: str | None, output: str, sort: str, scr
     sys.stderr.flush()
     click.echo(render_text(result.trace, sort=sort), err=True)
     try:
-        result.trace.save(output)
+        result.trace.save(out_path)
     except OSError as e:
         click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}", err=True)
         sys.exit(EXIT_USAGE)

@@ -7,16 +7,20 @@ which prints them as Python would and exits with the status Python would.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import os
-import runpy
 import sys
 import traceback
+import types
 from dataclasses import dataclass
-from types import TracebackType
 
 from .defaults import EXIT_INTERRUPTED
 from .trace import Trace
 from .tracer import Tracer
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass
@@ -37,20 +41,42 @@ def _exit_status(code: object) -> tuple[int, str | None]:
     return 1, str(code)
 
 
+def _main_module(path: str) -> types.ModuleType:
+    """A fresh `__main__` module, set up as `python SCRIPT` sets it up."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__package__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    return main
+
+
 def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
     """Run `script` under `tracer`; the trace covers whatever ran, however it ended."""
     path = os.path.abspath(script)
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_argv = sys.argv[:]
+    saved_path0 = sys.path[0] if sys.path else None
+    saved_main = sys.modules.get("__main__")
     sys.argv = [script, *args]
     if sys.path:
-        sys.path[0] = os.path.dirname(path)
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
     else:
-        sys.path.insert(0, os.path.dirname(path))
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     status, ended_by, exc, message = 0, "completed", None, None
     try:
+        with io.open_code(path) as f:
+            source = f.read()
+        try:
+            code = compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as e:  # nothing ran: Python prints it without a traceback
+            e.__traceback__ = None
+            raise
+        main = _main_module(path)
+        sys.modules["__main__"] = main
         tracer.start()
         try:
-            runpy.run_path(path, run_name="__main__")
+            exec(code, main.__dict__)
         finally:
             tracer.stop()
     except SystemExit as e:
@@ -64,19 +90,45 @@ def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
     trace = tracer.trace
-    if trace is None:  # the tracer itself failed to start: nothing ran
-        raise exc if exc is not None else RuntimeError("tracer did not start")
+    if trace is None:
+        if tracer.device is None and exc is not None and not isinstance(exc, SyntaxError):
+            raise exc  # the tracer itself could not start
+        with tracer:  # nothing ran (a syntax error): an empty trace all the same
+            pass
+        trace = tracer.trace
     trace.meta.exit_status = status
     trace.meta.ended_by = ended_by
     return RunResult(trace, status, ended_by, exc, message)
 
 
+#: Frames of torch's mode machinery that lead into the tracer's own handlers.
+_PLUMBING = ("torch/overrides.py", "torch/_compile.py", "torch/_dynamo/", "torch/_ops.py",
+             "torch/utils/_python_dispatch.py")
+
+
+def _is_ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
+
+
 def format_exception(exc: BaseException, script: str) -> str:
-    """The traceback Python would print: frames from the script down, none of ours above."""
-    tb: TracebackType | None = exc.__traceback__
+    """The traceback Python would print: from the script's first frame down, without the
+    tracer's frames (and the torch mode plumbing that leads into them) where the error came
+    from inside an op."""
     path = os.path.abspath(script)
-    t = tb
-    while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != path:
-        t = t.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, t if t is not None else tb))
+    frames = traceback.extract_tb(exc.__traceback__)
+    start = next((i for i, f in enumerate(frames) if os.path.abspath(f.filename) == path), 0)
+    frames = frames[start:]
+    cut = next((i for i, f in enumerate(frames) if _is_ours(f.filename)), None)
+    if cut is not None:
+        frames = frames[:cut]
+        while frames and any(p in frames[-1].filename.replace(os.sep, "/") for p in _PLUMBING):
+            frames.pop()
+    lines = []
+    if frames:
+        lines.append("Traceback (most recent call last):\n")
+        lines.extend(traceback.format_list(frames))
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    return "".join(lines)

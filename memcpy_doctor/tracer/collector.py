@@ -90,7 +90,7 @@ class PendingCopy:
         self.dtype = dtype
         self.agg: CopyAgg | None = None  # set once the consumer is known
         self.event = event
-        self.holders = 0  # live tensors (the destination and its views) awaiting a reader
+        self.holders = 0  # live tensors holding the destination (see rebind) awaiting a reader
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU async copies)."""
@@ -207,13 +207,6 @@ class Collector:
             pending.holders -= 1
             if pending.agg is None:
                 self._finish(pending, consumer)
-
-    def view(self, base: torch.Tensor, views: list[torch.Tensor]) -> None:
-        """A view reads no data: the copy waits on for the first op that reads the view."""
-        pending = self._pending_of(base)
-        if pending is not None and pending.agg is None:
-            for v in views:
-                self._hold(v, pending)
 
     def rebind(self, old: torch.Tensor, new: torch.Tensor) -> None:
         """`new.data = old`: new now holds old's data, so it inherits old's producer and the

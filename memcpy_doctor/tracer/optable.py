@@ -109,7 +109,6 @@ class OpInfo:
     name: str  # "aten::mm"
     short: str  # "mm"
     kernel: bool  # launches device work (views and allocations do not)
-    view: bool  # returns a view of its first input: reads no data
     sync: Sync | None
     index: bool  # indexing: may read a mask or a host index tensor
     mixed_ok: bool
@@ -162,7 +161,6 @@ def op_info(func: Any) -> OpInfo:
             name=f"{ns}::{short}",
             short=short,
             kernel=not is_view and short not in _NO_KERNEL,
-            view=is_view,
             sync=_SYNC.get(short),
             index=short in _INDEX_OPS,
             mixed_ok=short in MIXED_DEVICE_OK,

@@ -146,11 +146,8 @@ class TraceState:
                 self.timeline.host(host_ns)
             col.add_op(agg, host_ns, device_ns)
             if col.has_pending():
-                if info.view:
-                    col.view(ins[0], outs)
-                else:
-                    for t in ins:
-                        col.consume(t, agg.ref)
+                for t in ins:
+                    col.consume(t, agg.ref)
             producer = agg.ref
             if info.short in _PASS_THROUGH and ins:
                 producer = col.producer_of(ins[0]) or producer
