@@ -1,7 +1,25 @@
 """The one import point for PyTorch's private modules, so that an upgrade touches one file."""
 
-from torch.overrides import TorchFunctionMode  # noqa: F401  (public, kept here beside its twin)
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
-from torch.utils._python_dispatch import _disable_current_modes  # noqa: F401
-from torch.utils.flop_counter import flop_registry  # noqa: F401
-from torch._C._nn import _parse_to  # noqa: F401
+import torch
+from torch._C._nn import _parse_to
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.flop_counter import flop_registry
+
+
+
+def default_device_type() -> str:
+    """The type of torch's default device (torch.set_default_device / `with torch.device`),
+    read without creating a tensor, which torch.get_default_device() does."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            return mode.device.type
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return context.device.type if context is not None else "cpu"
+
+
+__all__ = ["default_device_type", "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
+           "flop_registry"]

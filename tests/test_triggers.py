@@ -244,3 +244,36 @@ def test_second_device_does_not_exist(tmp_path, device, line):
         else:
             raise AssertionError("the simulated GPU has one device")
     """, device)
+
+
+def test_default_device_and_type_as(tmp_path, device):
+    check(tmp_path, """
+        import torch
+        x = torch.ones(4, device="cuda")
+        y = torch.zeros(4).type_as(x)  # expect: HtoD sync to
+        assert y.is_cuda
+        with torch.device("cuda"):
+            z = torch.randn(3)
+        assert z.is_cuda
+        torch.set_default_device("cuda")
+        try:
+            w = torch.ones(2)
+            v = torch.tensor([1.0, 2.0])  # expect: HtoD sync factory
+        finally:
+            torch.set_default_device(None)
+        assert w.is_cuda and v.is_cuda
+    """, device)
+
+
+def test_grad_scaler_step_reads_found_inf(tmp_path, device):
+    check(tmp_path, """
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2).cuda()  # expect: HtoD sync cuda; HtoD sync cuda
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda")
+        out = model(torch.randn(8, 4, device="cuda")).sum()
+        scaler.scale(out).backward()
+        scaler.step(opt)  # expect: DtoH sync item
+        scaler.update()
+    """, device)

@@ -7,7 +7,6 @@ the tensor's id, with a weak reference that removes the entry when the tensor is
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 

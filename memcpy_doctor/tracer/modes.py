@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from .._torch_private import TorchDispatchMode, TorchFunctionMode
-from .optable import TRIGGERS
+from .._torch_private import TorchDispatchMode, TorchFunctionMode, default_device_type
+from .optable import DATA_FACTORIES, TRIGGERS
 from .sim import printed_bytes
 from .state import TraceState
 
@@ -67,6 +67,9 @@ class FunctionMode(TorchFunctionMode):
         # simulated GPU
         if "device" in kwargs or kwargs.get("pin_memory"):
             return self.factory(func, args, kwargs)
+        if func in DATA_FACTORIES and default_device_type() == "cuda":
+            # under torch.set_default_device("cuda") torch would build these on the device
+            return self.factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
         if getattr(func, "__name__", None) == "__get__":
             return func(*args, **kwargs)
         prev, prev_call = state.trigger, state.call_args

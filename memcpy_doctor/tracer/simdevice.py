@@ -85,6 +85,7 @@ class SimDevice:
             Tensor.type: self._type,
             Tensor.record_stream: self._record_stream,
             Tensor.new_tensor: self._new_tensor,
+            Tensor.type_as: self._type_as,
         }
 
     # ----- marks -----
@@ -170,6 +171,19 @@ class SimDevice:
                 kwargs["device"] = normalize_device(kwargs["device"])
             device, dtype, non_blocking, memory_format = _parse_to(*rest, **kwargs)
         return self.transfer(t, device, dtype, non_blocking, copy, memory_format, "to")
+
+    def _type_as(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        other = args[1]
+        return self.transfer(args[0], CUDA0 if self.on_device(other) else CPU, other.dtype,
+                             False, False, None, "to")
+
+    def dispatch_transfer(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`aten::_to_copy` to a real cuda device, from torch code the function mode did not
+        see (a factory under torch.set_default_device("cuda"), say): a copy to the device."""
+        with torch._C.DisableTorchFunction():
+            return self.transfer(args[0], CUDA0, kwargs.get("dtype"),
+                                 bool(kwargs.get("non_blocking", False)), True,
+                                 kwargs.get("memory_format"), self.st.trigger or "to")
 
     def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
         device = args[1] if len(args) > 1 else kwargs.get("device")

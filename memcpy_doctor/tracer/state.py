@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..analysis.costmodel import DeviceProfile, Timeline
-from .collector import Collector, OpAgg
+from .collector import Collector
 from .optable import SCALAR_TRIGGERS, OpInfo, dtype_class, index_tensors, is_mask, op_info
 from .sites import SiteResolver
 
@@ -21,6 +21,7 @@ Tensor = torch.Tensor
 
 #: Ops that hand back their input's data unchanged: the producer stays the op that made it.
 _PASS_THROUGH = frozenset({"detach", "alias", "lift_fresh"})
+_CPU = torch.device("cpu")
 
 
 def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
@@ -38,6 +39,10 @@ def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
             elif isinstance(a, (list, tuple)):
                 found.extend(b for b in a if isinstance(b, Tensor))
     return found
+
+
+def _names_cuda(device: Any) -> bool:
+    return isinstance(device, torch.device) and device.type == "cuda"
 
 
 def tensors_out(out: Any) -> list[Tensor]:
@@ -84,26 +89,35 @@ class TraceState:
 
     # ----- the per-op path -----
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        enter = self.gap()
+        self.gap()
         info = op_info(func)
         ins = tensors_in(args, kwargs)
         sim = self.sim
+        forced = self.forced
         if sim is not None:
+            target = kwargs.get("device")
+            if _names_cuda(target):
+                # A real cuda device reached an aten op (torch.set_default_device("cuda"), or
+                # torch code handed one): build on the host, or copy there, as a GPU would.
+                if ins and info.short == "_to_copy":
+                    return sim.dispatch_transfer(func, args, kwargs)
+                kwargs = {**kwargs, "device": _CPU}
+                forced = True
             on_dev = sim.on_device
             dev_in = [on_dev(t) for t in ins]
             any_dev = True in dev_in
-            if any_dev and False in dev_in and not info.mixed_ok and self.forced is None:
+            if any_dev and False in dev_in and not info.mixed_ok and forced is None:
                 sim.check_mixed(ins, dev_in)
         else:
             dev_in = [t.is_cuda for t in ins]
             any_dev = True in dev_in
             if any_dev and info.short in ("_to_copy", "copy_"):
-                copied = self._real_copy(info, func, args, kwargs, enter)
+                copied = self._real_copy(info, func, args, kwargs)
                 if copied is not None:
                     return copied[0]
         site = self.sites.resolve()
         timer = self.timer
-        if timer is not None and (any_dev or not ins):
+        if timer is not None and (any_dev or (not ins and _names_cuda(kwargs.get("device")))):
             mark = timer.begin()
         else:
             mark = None
@@ -113,8 +127,8 @@ class TraceState:
         outs = tensors_out(out)
 
         if sim is not None:
-            if self.forced is not None:
-                cuda_out = self.forced
+            if forced is not None:
+                cuda_out = forced
             elif ins:
                 cuda_out = any_dev
             else:
@@ -227,8 +241,8 @@ class TraceState:
         self.collector.wait(kind, self.sites.resolve(), measured_ns)
         self.returned()
 
-    def _real_copy(self, info: OpInfo, func: Any, args: tuple, kwargs: dict,
-                   enter: int) -> tuple[Any] | None:
+    def _real_copy(self, info: OpInfo, func: Any, args: tuple,
+                   kwargs: dict) -> tuple[Any] | None:
         """A real GPU's copy between devices, recorded as a copy rather than an op."""
         if info.short == "_to_copy":
             src = args[0]
@@ -270,5 +284,3 @@ class TraceState:
         self.returned()
         return (out,)
 
-    def op_agg(self, name: str, device: str, site: Any) -> OpAgg:
-        return self.collector.op(name, device, site)
