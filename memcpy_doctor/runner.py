@@ -8,19 +8,25 @@ which prints them as Python would and exits with the status Python would.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.machinery
 import io
 import os
 import sys
 import traceback
 import types
+import warnings
 from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
 
 from .defaults import EXIT_INTERRUPTED
 from .trace import Trace
 from .tracer import Tracer
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 @dataclass
@@ -76,7 +82,8 @@ def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
         sys.modules["__main__"] = main
         tracer.start()
         try:
-            exec(code, main.__dict__)
+            with _warnings_at_user_lines():
+                exec(code, main.__dict__)
         finally:
             tracer.stop()
     except SystemExit as e:
@@ -102,6 +109,37 @@ def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
     trace.meta.exit_status = status
     trace.meta.ended_by = ended_by
     return RunResult(trace, status, ended_by, exc, message)
+
+
+@contextlib.contextmanager
+def _warnings_at_user_lines() -> Iterator[None]:
+    """A warning torch raises from C++ inside an op is attributed to the innermost Python
+    frame, which under the tracer is one of its handlers: show it at the user's line, where
+    Python would have shown it without the tracer."""
+    original = warnings.showwarning
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if _is_ours(filename):
+            frame = sys._getframe(1)
+            while frame is not None and (_is_ours(frame.f_code.co_filename)
+                                         or _is_torch(frame.f_code.co_filename)
+                                         or frame.f_code.co_filename == warnings.__file__):
+                frame = frame.f_back
+            if frame is not None:
+                filename, lineno, line = frame.f_code.co_filename, frame.f_lineno, None
+        original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        if warnings.showwarning is show:
+            warnings.showwarning = original
+
+
+def _is_torch(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_TORCH_DIR)
 
 
 #: Frames of torch's mode machinery that lead into the tracer's own handlers.

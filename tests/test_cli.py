@@ -531,3 +531,22 @@ def test_help(tmp_path):
     assert r.text.startswith("Usage: memcpy-doctor [OPTIONS] COMMAND [ARGS]...")
     assert re.search(r"^\s+profile\s", r.text, re.M)
     assert re.search(r"^\s+report\s", r.text, re.M)
+
+
+def test_warnings_from_inside_ops_point_at_the_users_line(tmp_path):
+    """torch warns from C++ inside an op; under the tracer the innermost Python frame is the
+    tracer's, but the user must see the warning where plain Python shows it."""
+    script = write(tmp_path / "w.py", """
+        import torch
+        x = torch.ones(2, requires_grad=True)
+        y = (x * 2).sum()
+        z = float(y)
+        print(z)
+    """)
+    plain = run_python("w.py", cwd=tmp_path)
+    profiled = profile("w.py", cwd=tmp_path)
+    assert profiled.status == plain.status == 0
+    warning = [line for line in plain.err.splitlines() if "UserWarning" in line]
+    assert warning and warning[0].startswith(f"{script}:{line_of(script, 'z = float(y)')}:")
+    assert warning[0] in profiled.err.splitlines()
+    assert "memcpy_doctor" not in profiled.err.split("Profiling Report")[0]
