@@ -17,6 +17,11 @@ DEFAULT_SORT_KEY = "total"
 #: Device profile the simulated GPU uses when none is named.
 DEFAULT_DEVICE_PROFILE = "a100-sxm4-80gb"
 
+#: Transfers kept, in order, in the trace's transfer log (`profile --log-transfers N`, read by
+#: `explain --log`). Off by default: the log is the one part of a trace that grows with the
+#: run, so it is asked for, and capped at N (the rest are counted).
+DEFAULT_TRANSFER_LOG = 0
+
 #: Most user frames kept in a copy record's stack.
 MAX_STACK_FRAMES = 16
 

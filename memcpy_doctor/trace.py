@@ -100,7 +100,11 @@ class EventRow:
 
 @dataclass
 class OpRecord:
-    """One op at one call site on one device, over all its calls."""
+    """One op at one call site on one device, over all its calls.
+
+    `run_ns` is the measured wall time of the calls here (on the simulated GPU: the op
+    computed by the CPU, which is what it would cost on the host); `flops` and `bytes` (read
+    and written) are what the cost model needs to price the op on either device."""
 
     op: str
     device: str
@@ -108,6 +112,36 @@ class OpRecord:
     calls: int
     host_ns: int
     device_ns: int
+    run_ns: int = 0
+    flops: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class FlowRecord:
+    """An edge of the op graph: `consumer` read tensors `producer` made (through copies too)."""
+
+    producer: OpRef
+    consumer: OpRef
+    calls: int
+    bytes: int
+
+
+@dataclass
+class TransferRecord:
+    """One copy, in program order (the transfer log, like Paddle's verbose operator log)."""
+
+    seq: int
+    direction: str
+    sync: bool
+    pinned: bool | None
+    trigger: str
+    bytes: int
+    shape: list[int] | None
+    dtype: str | None
+    site: Site | None
+    producer: OpRef | None
+    consumer: OpRef | None
 
 
 @dataclass
@@ -153,6 +187,8 @@ class Trace:
     ops: list[OpRecord]
     copies: list[CopyRecord]
     waits: list[WaitRecord]
+    flows: list[FlowRecord] = field(default_factory=list)
+    transfers: list[TransferRecord] = field(default_factory=list)
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +218,8 @@ class Trace:
             "ops": [asdict(o) for o in self.ops],
             "copies": copies,
             "waits": [asdict(w) for w in self.waits],
+            "flows": [asdict(f) for f in self.flows],
+            "transfers": [asdict(t) for t in self.transfers],
         }
 
     def to_json(self) -> str:
@@ -231,7 +269,10 @@ class Trace:
                        events=[_event(e) for e in _list(data["events"], "events")],
                        ops=[_op(o) for o in _list(data["ops"], "ops")],
                        copies=[_copy(c) for c in _list(data["copies"], "copies")],
-                       waits=[_wait(w) for w in _list(data["waits"], "waits")])
+                       waits=[_wait(w) for w in _list(data["waits"], "waits")],
+                       flows=[_flow(f) for f in _list(data.get("flows", []), "flows")],
+                       transfers=[_transfer(t)
+                                  for t in _list(data.get("transfers", []), "transfers")])
         except TraceError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
@@ -389,7 +430,31 @@ def _op(d: Any) -> OpRecord:
     d = _obj(d, "an op")
     return OpRecord(op=_str(d["op"]), device=_str(d["device"]), site=_site(d["site"]),
                     calls=_int(d["calls"]), host_ns=_int(d["host_ns"]),
-                    device_ns=_int(d["device_ns"]))
+                    device_ns=_int(d["device_ns"]), run_ns=_int(d.get("run_ns", 0)),
+                    flops=_int(d.get("flops", 0)), bytes=_int(d.get("bytes", 0)))
+
+
+def _flow(d: Any) -> FlowRecord:
+    d = _obj(d, "a flow")
+    producer, consumer = _ref(d["producer"]), _ref(d["consumer"])
+    if producer is None or consumer is None:
+        raise _bad("a flow's ends", d)
+    return FlowRecord(producer=producer, consumer=consumer, calls=_int(d["calls"]),
+                      bytes=_int(d["bytes"]))
+
+
+def _transfer(d: Any) -> TransferRecord:
+    d = _obj(d, "a transfer")
+    if d.get("direction") not in DIRECTIONS:
+        raise _bad("a transfer's direction", d.get("direction"))
+    pinned, shape, dtype = d.get("pinned"), d.get("shape"), d.get("dtype")
+    return TransferRecord(
+        seq=_int(d["seq"]), direction=d["direction"], sync=_bool(d["sync"], "transfer.sync"),
+        pinned=None if pinned is None else _bool(pinned, "transfer.pinned"),
+        trigger=_str(d["trigger"]), bytes=_int(d["bytes"]),
+        shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
+        dtype=None if dtype is None else _str(dtype), site=_site(d["site"]),
+        producer=_ref(d["producer"]), consumer=_ref(d["consumer"]))
 
 
 def _wait(d: Any) -> WaitRecord:

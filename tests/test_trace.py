@@ -81,7 +81,9 @@ def test_json_layout():
     assert data["ops"][0] == {
         "op": "aten::mm", "device": "cuda:0",
         "site": {"file": "/work/proj/model.py", "line": 20, "function": "forward"},
-        "calls": 10, "host_ns": 1_000_000, "device_ns": 3_000_000}
+        "calls": 10, "host_ns": 1_000_000, "device_ns": 3_000_000, "run_ns": 0, "flops": 0,
+        "bytes": 0}
+    assert data["flows"] == [] and data["transfers"] == []
     assert data["waits"] == [{
         "kind": "synchronize", "calls": 2, "wait_ns": 300_000,
         "site": {"file": "/work/proj/train.py", "line": 70, "function": "train_step"}}]

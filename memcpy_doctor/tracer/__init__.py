@@ -21,7 +21,7 @@ import torch
 
 from ..analysis.costmodel import DeviceProfile, load_profile
 from ..analysis.summary import summarize
-from ..defaults import DEFAULT_DEVICE, DEVICE_CHOICES
+from ..defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
 from ..trace import Meta, Trace
 from . import sim as _sim
 from .cuda import CudaTimer, wait_patches
@@ -75,7 +75,10 @@ class Tracer:
     """Start, stop, and the finished trace. One tracer can be active per process."""
 
     def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None,
+                 log_transfers: int = DEFAULT_TRANSFER_LOG) -> None:
+        """`log_transfers`: keep the first N copies, in order, in the trace (explain --log)."""
+        self.log_transfers = log_transfers
         self.requested_device = device
         self.profile = profile if isinstance(profile, DeviceProfile) else load_profile(profile)
         self.command = list(command) if command is not None else list(sys.argv)
@@ -96,7 +99,7 @@ class Tracer:
         try:
             self.device = resolve_device(self.requested_device)
             if self.device == "sim":
-                sim = SimDevice(lambda s: TraceState(self.profile, s, None))
+                sim = SimDevice(lambda s: TraceState(self.profile, s, None, self.log_transfers))
                 self._sim = sim
                 state = sim.st
                 handlers = {**common_handlers(state), **sim.handlers}
@@ -107,7 +110,7 @@ class Tracer:
                     + [(torch.accelerator, k, v)
                        for k, v in _sim.accelerator_patches(sim).items()]))
             else:
-                state = TraceState(self.profile, None, CudaTimer())
+                state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
                 handlers = real_gpu_handlers(state)
                 stack.enter_context(_Patch(wait_patches(state)))
             self._state = state
@@ -168,8 +171,12 @@ class Tracer:
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
             memcpy_doctor_version=_version(), untraced=sorted(state.untraced))
+        if col.transfers_dropped:
+            meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
+                                 f"first {len(col.transfers)} are counted but not logged")
         return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
-                     ops=col.op_records(), copies=copies, waits=col.wait_records())
+                     ops=col.op_records(), copies=copies, waits=col.wait_records(),
+                     flows=col.flow_records(), transfers=list(col.transfers))
 
 
 def _version() -> str:

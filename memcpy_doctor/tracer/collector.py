@@ -10,8 +10,8 @@ import weakref
 
 import torch
 
-from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, OpRecord, OpRef, Site,
-                     WaitRecord)
+from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
+                     TransferRecord, WaitRecord)
 
 
 class EventAgg:
@@ -42,7 +42,7 @@ class EventAgg:
 class OpAgg:
     """One (op, device, site) being filled; `ref` is what copies name as producer/consumer."""
 
-    __slots__ = ("ref", "event", "calls", "host_ns", "device_ns")
+    __slots__ = ("ref", "event", "calls", "host_ns", "device_ns", "run_ns", "flops", "bytes")
 
     def __init__(self, ref: OpRef, event: EventAgg) -> None:
         self.ref = ref
@@ -50,6 +50,9 @@ class OpAgg:
         self.calls = 0
         self.host_ns = 0
         self.device_ns = 0
+        self.run_ns = 0
+        self.flops = 0
+        self.bytes = 0
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU): lands on the op and its row."""
@@ -75,7 +78,7 @@ class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
     __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
-                 "event", "holders")
+                 "event", "holders", "logged")
 
     def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
@@ -90,6 +93,7 @@ class PendingCopy:
         self.agg: CopyAgg | None = None  # set once the consumer is known
         self.event = event
         self.holders = 0  # live tensors holding the destination (see rebind) awaiting a reader
+        self.logged: TransferRecord | None = None  # its entry in the transfer log, if any
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU async copies)."""
@@ -108,11 +112,15 @@ def copy_event_name(direction: str, sync: bool) -> str:
 class Collector:
     """The aggregated record of one traced run."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_transfers: int = 0) -> None:
+        self.log_limit = log_transfers
         self.events: dict[str, EventAgg] = {}
         self.ops: dict[tuple[str, str, Site | None], OpAgg] = {}
         self.copies: dict[tuple, CopyAgg] = {}
         self.waits: dict[tuple[str, Site | None], list[int]] = {}
+        self.flows: dict[tuple[int, int], list] = {}
+        self.transfers: list[TransferRecord] = []
+        self.transfers_dropped = 0
         self._producers: dict[int, tuple[weakref.KeyedRef, OpRef]] = {}
         self._pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
 
@@ -128,11 +136,24 @@ class Collector:
         return agg
 
     @staticmethod
-    def add_op(agg: OpAgg, host_ns: int, device_ns: int) -> None:
+    def add_op(agg: OpAgg, host_ns: int, device_ns: int, run_ns: int, flops: int,
+               nbytes: int) -> None:
         agg.calls += 1
         agg.host_ns += host_ns
         agg.device_ns += device_ns
+        agg.run_ns += run_ns
+        agg.flops += flops
+        agg.bytes += nbytes
         agg.event.add(host_ns, device_ns)
+
+    def flow(self, producer: OpRef, consumer: OpRef, nbytes: int) -> None:
+        """`consumer` read a tensor `producer` made: an edge of the op graph."""
+        key = (id(producer), id(consumer))  # OpRefs are interned: identity is the key
+        entry = self.flows.get(key)
+        if entry is None:
+            entry = self.flows[key] = [producer, consumer, 0, 0]
+        entry[2] += 1
+        entry[3] += nbytes
 
     # ----- producers -----
     def _drop_producer(self, ref: weakref.KeyedRef) -> None:
@@ -166,6 +187,14 @@ class Collector:
         event.add(host_ns, device_ns)
         key = (direction, sync, pinned, trigger, site, producer)
         pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event)
+        if len(self.transfers) < self.log_limit:
+            pending.logged = TransferRecord(
+                seq=len(self.transfers) + self.transfers_dropped, direction=direction,
+                sync=sync, pinned=pinned, trigger=trigger, bytes=nbytes, shape=shape,
+                dtype=dtype, site=site, producer=producer, consumer=None)
+            self.transfers.append(pending.logged)
+        elif self.log_limit:
+            self.transfers_dropped += 1
         if dst is None:
             self._finish(pending, None)
         else:
@@ -220,6 +249,8 @@ class Collector:
             self._hold(new, entry[1])
 
     def _finish(self, p: PendingCopy, consumer: OpRef | None) -> None:
+        if p.logged is not None:
+            p.logged.consumer = consumer
         key = p.key + (consumer,)
         agg = self.copies.get(key)
         if agg is None:
@@ -256,8 +287,12 @@ class Collector:
                 for name, e in self.events.items() if e.calls]
 
     def op_records(self) -> list[OpRecord]:
-        return [OpRecord(a.ref.op, a.ref.device, a.ref.site, a.calls, a.host_ns, a.device_ns)
+        return [OpRecord(a.ref.op, a.ref.device, a.ref.site, a.calls, a.host_ns, a.device_ns,
+                         a.run_ns, a.flops, a.bytes)
                 for a in self.ops.values() if a.calls]
+
+    def flow_records(self) -> list[FlowRecord]:
+        return [FlowRecord(p, c, calls, nbytes) for p, c, calls, nbytes in self.flows.values()]
 
     def copy_records(self) -> list[CopyRecord]:
         out = []

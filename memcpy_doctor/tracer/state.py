@@ -41,6 +41,21 @@ def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
     return found
 
 
+def _work(info: OpInfo, args: tuple, kwargs: dict, ins: list[Tensor],
+          outs: list[Tensor]) -> tuple[int, int, str]:
+    """FLOPs, bytes read and written, and the dtype class of one kernel (the roofline's input;
+    kept for placement, which asks what an op would cost on the other device)."""
+    flops = 0
+    if info.flops is not None:
+        try:
+            flops = info.flops(args, kwargs, outs)
+        except Exception:  # a formula that does not fit these arguments: count bytes only
+            flops = 0
+    nbytes = sum(t.nbytes for t in ins) + sum(o.nbytes for o in outs)
+    ref = outs[0] if outs else (ins[0] if ins else None)
+    return flops, nbytes, dtype_class(ref.dtype) if ref is not None else "other"
+
+
 def _names_cuda(device: Any) -> bool:
     return isinstance(device, torch.device) and device.type == "cuda"
 
@@ -56,11 +71,12 @@ def tensors_out(out: Any) -> list[Tensor]:
 class TraceState:
     """Everything one run of the tracer records, and the rules it records by."""
 
-    def __init__(self, profile: DeviceProfile, sim: Any, timer: Any) -> None:
+    def __init__(self, profile: DeviceProfile, sim: Any, timer: Any,
+                 log_transfers: int = 0) -> None:
         self.profile = profile
         self.sim = sim  # SimDevice, or None on a real GPU
         self.timer = timer  # CudaTimer on a real GPU, else None
-        self.collector = Collector()
+        self.collector = Collector(log_transfers)
         self.sites = SiteResolver()
         self.timeline = Timeline() if sim is not None else None
         self.suspended = False
@@ -149,19 +165,29 @@ class TraceState:
         copy_is_op = sync is not None and not info.kernel and any_dev and dev_in[0]
         if not copy_is_op:
             agg = col.op(info.name, device, site)
-            device_ns = 0
+            run_ns = host_ns
+            device_ns = flops = nbytes = 0
+            if info.kernel:
+                flops, nbytes, dclass = _work(info, args, kwargs, ins, outs)
             if device != "cpu":
-                if sim is not None:
-                    host_ns, device_ns = self._model_kernel(info, args, kwargs, ins, outs,
-                                                            host_ns)
-                elif mark is not None:
-                    timer.end(mark, agg, host_ns)
+                if sim is None:
+                    if mark is not None:
+                        timer.end(mark, agg, host_ns)
+                elif info.kernel:  # simulated kernel: modeled; the host pays the launch only
+                    device_ns = self.profile.kernel_ns(flops, nbytes, dclass)
+                    host_ns = self.timeline.enqueue(self.profile.launch_ns, device_ns)
+                else:
+                    self.timeline.host(host_ns)
             elif self.timeline is not None:
                 self.timeline.host(host_ns)
-            col.add_op(agg, host_ns, device_ns)
-            if col.has_pending():
-                for t in ins:
+            col.add_op(agg, host_ns, device_ns, run_ns, flops, nbytes)
+            pending = col.has_pending()
+            for t in ins:
+                if pending:
                     col.consume(t, agg.ref)
+                made_by = col.producer_of(t)
+                if made_by is not None:
+                    col.flow(made_by, agg.ref, t.nbytes)
             producer = agg.ref
             if info.short in _PASS_THROUGH and ins:
                 producer = col.producer_of(ins[0]) or producer
@@ -183,24 +209,6 @@ class TraceState:
                 self._index_copies(info, args, site)
         self.returned()
         return out
-
-    def _model_kernel(self, info: OpInfo, args: tuple, kwargs: dict, ins: list[Tensor],
-                      outs: list[Tensor], measured_ns: int) -> tuple[int, int]:
-        """Simulated device op: modeled device time; the host pays the launch only."""
-        if not info.kernel:
-            return self.timeline.host(measured_ns), 0
-        profile = self.profile
-        flops = 0
-        if info.flops is not None:
-            try:
-                flops = info.flops(args, kwargs, outs)
-            except Exception:  # a formula that does not fit these arguments: count bytes only
-                flops = 0
-        nbytes = sum(t.nbytes for t in ins) + sum(o.nbytes for o in outs)
-        ref = outs[0] if outs else (ins[0] if ins else None)
-        dtype = dtype_class(ref.dtype) if ref is not None else "other"
-        device_ns = profile.kernel_ns(flops, nbytes, dtype)
-        return self.timeline.enqueue(profile.launch_ns, device_ns), device_ns
 
     def _index_copies(self, info: OpInfo, args: tuple, site: Any) -> None:
         """Indexing a device tensor: a device mask is counted on the host (DtoH); a host index
