@@ -13,11 +13,15 @@ import click
 
 from . import __version__
 from .analysis.costmodel import ProfileError
-from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH, DEVICE_CHOICES,
-                       EXIT_USAGE, SORT_KEYS)
+from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
+                       DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_USAGE, SORT_KEYS)
 from .render.text import render_text
 from .runner import format_exception, run_script
-from .trace import TraceError
+from .analysis.attribution import explain as explain_trace
+from .analysis.rules import suggest
+from .render.explain import (FORMATS as EXPLAIN_FORMATS, render_explain_json,
+                             render_explain_markdown, render_explain_text, render_log)
+from .trace import Trace, TraceError
 from .tracer import Tracer
 
 
@@ -41,10 +45,13 @@ def cli() -> None:
               help="Where to write the trace (JSON).")
 @click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
               show_default=True, help="Event Summary order.")
+@click.option("--log-transfers", metavar="N", type=click.IntRange(min=0),
+              default=DEFAULT_TRANSFER_LOG,
+              help="Keep the first N copies in order in the trace, for `explain --log`.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(device: str, device_profile: str | None, output: str, sort: str, script: str,
-            args: tuple[str, ...]) -> None:
+def profile(device: str, device_profile: str | None, output: str, sort: str,
+            log_transfers: int, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
     (to stderr) and write the trace. Options after SCRIPT belong to the script."""
     out_path = os.path.abspath(output)  # taken now: the script may change directory
@@ -53,7 +60,8 @@ def profile(device: str, device_profile: str | None, output: str, sort: str, scr
         raise UsageProblem(f"-o {output}: directory {out_dir} does not exist")
     try:
         tracer = Tracer(device=device, profile=device_profile,
-                        command=["memcpy-doctor", "profile", script, *args])
+                        command=["memcpy-doctor", "profile", script, *args],
+                        log_transfers=log_transfers)
     except ProfileError as e:
         raise UsageProblem(str(e)) from None
     try:
@@ -83,12 +91,39 @@ def profile(device: str, device_profile: str | None, output: str, sort: str, scr
               show_default=True, help="Event Summary order.")
 def report(trace: str, sort: str) -> None:
     """Print the Profiling Report of a saved TRACE (runs nothing)."""
-    from .trace import Trace
+    click.echo(render_text(_load(trace), sort=sort))
+
+
+def _load(path: str) -> Trace:
     try:
-        loaded = Trace.load(trace)
+        return Trace.load(path)
     except TraceError as e:
         raise UsageProblem(str(e)) from None
-    click.echo(render_text(loaded, sort=sort))
+
+
+@cli.command()
+@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE_PATH)
+@click.option("--format", "fmt", type=click.Choice(EXPLAIN_FORMATS), default="text",
+              show_default=True, help="Output format.")
+@click.option("--log", is_flag=True,
+              help="Print every logged transfer in order (profile with --log-transfers N).")
+def explain(trace: str, fmt: str, log: bool) -> None:
+    """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
+    last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
+    them, largest saving first. Runs nothing and needs no GPU."""
+    loaded = _load(trace)
+    cwd = os.getcwd()
+    if log:
+        click.echo(render_log(loaded, cwd), nl=False)
+        return
+    explanation = explain_trace(loaded)
+    suggestions = suggest(loaded, explanation, cwd)
+    if fmt == "json":
+        click.echo(render_explain_json(explanation, suggestions), nl=False)
+    elif fmt == "markdown":
+        click.echo(render_explain_markdown(explanation, suggestions, cwd), nl=False)
+    else:
+        click.echo(render_explain_text(explanation, suggestions, cwd), nl=False)
 
 
 def main(argv: list[str] | None = None) -> None:

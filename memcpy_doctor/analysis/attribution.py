@@ -1,0 +1,122 @@
+"""Attribution: each copy the host waited for, from the op that made the data to the op that
+needed it elsewhere, with the lines of code; copies that bounce a tensor host -> device -> host
+joined into one chain.
+
+Pure functions over a Trace; the only outside input is `source`, a function that returns the
+text of a line (linecache by default), so tests can hand in their own.
+"""
+
+from __future__ import annotations
+
+import linecache
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..trace import CopyRecord, OpRef, Site, Trace
+
+SourceReader = Callable[[Site], str]
+
+
+def read_line(site: Site) -> str:
+    """The stripped text of a site's line, or "" when the file is not readable here."""
+    return linecache.getline(site.file, site.line).strip()
+
+
+@dataclass(frozen=True)
+class End:
+    """A producer or consumer as shown to the user."""
+
+    op: str
+    device: str
+    site: Site | None
+    text: str  # the source line
+
+    @classmethod
+    def of(cls, ref: OpRef | None, source: SourceReader) -> End | None:
+        if ref is None:
+            return None
+        return cls(ref.op, ref.device, ref.site, source(ref.site) if ref.site else "")
+
+
+@dataclass(frozen=True)
+class CopyStep:
+    copy: CopyRecord
+    text: str  # the copy's source line
+    share: float  # of total time
+
+
+@dataclass
+class Chain:
+    """Copies of one tensor's data in order: producer -> copy -> op -> copy -> ... -> consumer.
+
+    One copy alone is a chain of one. `time_ns` and `share` add up the steps."""
+
+    producer: End | None
+    steps: list[CopyStep]
+    middle: list[End]  # the ops between consecutive copies (len(steps) - 1)
+    consumer: End | None
+    time_ns: int = 0
+    share: float = 0.0
+
+    @property
+    def bounces(self) -> bool:
+        return len(self.steps) > 1
+
+
+@dataclass
+class Explanation:
+    total_ns: int
+    simulated: bool
+    device_name: str
+    chains: list[Chain] = field(default_factory=list)
+    sync_calls: int = 0
+    sync_time_ns: int = 0
+
+
+def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
+    """Every sync copy path, most costly first, joined into chains where one copy's consumer
+    is the next copy's producer (the data goes back where it came from)."""
+    total = trace.summary.total_ns
+    sync = sorted((c for c in trace.copies if c.sync), key=lambda c: (-c.time_ns, -c.calls))
+    by_producer: dict[OpRef, list[CopyRecord]] = {}
+    for c in sync:
+        if c.producer is not None:
+            by_producer.setdefault(c.producer, []).append(c)
+
+    used: set[int] = set()
+    chains = []
+    # Start chains at copies that no other copy feeds, so each chain is found from its head.
+    fed = {id(nxt) for c in sync if c.consumer is not None
+           for nxt in by_producer.get(c.consumer, []) if _opposite(c, nxt)}
+    for head in [c for c in sync if id(c) not in fed] + sync:
+        if id(head) in used:
+            continue
+        steps, middle = [head], []
+        used.add(id(head))
+        cur = head
+        while cur.consumer is not None:
+            nxt = next((n for n in by_producer.get(cur.consumer, [])
+                        if id(n) not in used and _opposite(cur, n)), None)
+            if nxt is None:
+                break
+            middle.append(End.of(cur.consumer, source))
+            steps.append(nxt)
+            used.add(id(nxt))
+            cur = nxt
+        chain = Chain(
+            producer=End.of(head.producer, source),
+            steps=[CopyStep(c, source(c.site) if c.site else "",
+                            c.time_ns / total if total else 0.0) for c in steps],
+            middle=middle, consumer=End.of(cur.consumer, source))
+        chain.time_ns = sum(s.copy.time_ns for s in chain.steps)
+        chain.share = chain.time_ns / total if total else 0.0
+        chains.append(chain)
+    chains.sort(key=lambda ch: -ch.time_ns)
+    return Explanation(total_ns=total, simulated=trace.meta.simulated,
+                       device_name=trace.meta.device_name, chains=chains,
+                       sync_calls=sum(c.calls for c in sync),
+                       sync_time_ns=sum(c.time_ns for c in sync))
+
+
+def _opposite(a: CopyRecord, b: CopyRecord) -> bool:
+    return {a.direction, b.direction} == {"HtoD", "DtoH"}

@@ -1,0 +1,269 @@
+"""Suggestions: small rule classes, one per kind of finding, each with the edit it proposes
+and the time it saves.
+
+A rule's docstring shows the code it catches. Savings are estimated by replaying the
+aggregated trace with the change through the cost model (`estimate_saving`): a removed sync
+copy gives back the host time it blocked, an op moved to the host costs what it took on the
+CPU (on the simulated GPU that was measured) instead of its launch. No rule proposes an edit
+that changes what the program computes.
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..trace import CopyRecord, OpRecord, Site, Trace
+from .attribution import Chain, Explanation
+from .edits import guard_diff, short_path
+
+
+@dataclass
+class Suggestion:
+    rule: str
+    title: str
+    detail: str
+    sites: list[Site]
+    removes: list[CopyRecord]
+    saving_ns: int
+    diff: str | None = None
+    apply: dict[str, Any] | None = None  # what `profile --apply` reads
+    exact: bool = True  # False where the estimate rests on a heuristic
+
+
+def estimate_saving(trace: Trace, removed: list[CopyRecord],
+                    moved_to_host: list[OpRecord] = ()) -> int:
+    """Host time given back: the removed copies' host time, less what moved ops cost on the
+    host beyond what they cost the host on the device (their launches)."""
+    saving = sum(c.host_ns for c in removed)
+    for op in moved_to_host:
+        saving -= max(0, op.run_ns - op.host_ns)
+    return saving
+
+
+class Rule(abc.ABC):
+    """One kind of finding. `match` returns its suggestions for a trace."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    @abc.abstractmethod
+    def match(self, trace: Trace, explanation: Explanation,
+              cwd: str | None) -> list[Suggestion]:
+        """The suggestions this rule makes for `trace` (paths shown relative to `cwd`)."""
+
+
+RULES: list[type[Rule]] = []
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    RULES.append(cls)
+    return cls
+
+
+def _ops_at(trace: Trace, sites: set[Site], device_only: bool = True) -> list[OpRecord]:
+    return [o for o in trace.ops if o.site in sites and (o.device != "cpu" or not device_only)]
+
+
+@register
+class HostRoundTrip(Rule):
+    """Data made on the host goes to the device for an op, then straight back.
+
+        shape = torch.tensor(x.shape)      # made on the host
+        shape = shape.to("cuda")[0:4]      # HtoD, waited for; the slice runs on the device
+        sizes = shape.tolist()             # DtoH, waited for
+
+    Run the op(s) in between on the host (`device_guard("cpu")`): both copies go.
+    """
+
+    name = "host-round-trip"
+    description = "Run the ops between a host->device->host bounce on the host"
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        out = []
+        for chain in explanation.chains:
+            if not chain.bounces or chain.steps[0].copy.direction != "HtoD":
+                continue
+            sites = {m.site for m in chain.middle if m.site is not None}
+            if not sites:
+                continue
+            removed = [s.copy for s in chain.steps]
+            moved = _ops_at(trace, sites)
+            out.append(self._suggest(trace, chain, sites, removed, moved, cwd))
+        return out
+
+    def _suggest(self, trace: Trace, chain: Chain, sites: set[Site],
+                 removed: list[CopyRecord], moved: list[OpRecord],
+                 cwd: str | None) -> Suggestion:
+        ordered = sorted(sites, key=lambda s: (s.file, s.line))
+        diffs = [guard_diff(f, [s.line for s in ordered if s.file == f], "cpu", cwd)
+                 for f in sorted({s.file for s in ordered})]
+        ops = ", ".join(sorted({m.op for m in chain.middle}))
+        where = ", ".join(f"{short_path(s.file, cwd)}:{s.line}" for s in ordered)
+        return Suggestion(
+            rule=self.name,
+            title=f"run {ops} on the host with device_guard(\"cpu\") at {where}",
+            detail=("its input comes from the host and its output goes back to the host; "
+                    f"on the host it needs neither of the {len(removed)} copies "
+                    f"({sum(c.calls for c in removed)} calls)"),
+            sites=ordered, removes=removed,
+            saving_ns=estimate_saving(trace, removed, moved),
+            diff="".join(d for d in diffs if d) or None,
+            apply={"kind": "device_guard", "device": "cpu",
+                   "sites": [{"file": s.file, "line": s.line} for s in ordered]})
+
+
+_TRANSFER_CALL = re.compile(r"\.(to|cuda)\(([^()]*)\)")
+
+
+@register
+class PinnedNonBlocking(Rule):
+    """A host->device copy from pageable memory that the host waits for.
+
+        x = batch.to("cuda")               # the host stops until the copy is done
+
+    Pin the host tensor (`pin_memory()`, `DataLoader(pin_memory=True)`) and copy with
+    `non_blocking=True`: the copy overlaps with the host's work; results are unchanged (the
+    stream orders the copy before the ops that read it).
+    """
+
+    name = "pinned-non-blocking"
+    description = "Pin host memory and copy host->device with non_blocking=True"
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        out = []
+        for c in trace.copies:
+            if c.direction != "HtoD" or c.trigger not in ("to", "cuda", "copy_"):
+                continue
+            if c.sync is False and c.pinned:
+                continue
+            saving = c.host_ns - c.calls * _launch_ns(trace) if c.sync else 0
+            if saving <= 0 or c.site is None:
+                continue
+            out.append(Suggestion(
+                rule=self.name,
+                title=f"pin and copy with non_blocking=True at {_where(c.site, cwd)}",
+                detail=(f"{c.calls} host->device copies of {c.bytes // max(c.calls, 1)} bytes "
+                        "each from pageable memory, each waited for; pin the source where it "
+                        "is made (pin_memory(), or DataLoader(pin_memory=True))"),
+                sites=[c.site], removes=[c], saving_ns=saving,
+                diff=_non_blocking_diff(c.site, cwd)))
+        return out
+
+
+def _where(site: Site, cwd: str | None) -> str:
+    return f"{short_path(site.file, cwd)}:{site.line}"
+
+
+def _launch_ns(trace: Trace) -> int:
+    profile = trace.meta.device_profile or {}
+    return int(profile.get("launch_ns", 5000))
+
+
+def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:
+    try:
+        with open(site.file, encoding="utf-8") as f:
+            old = f.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+    line = old[site.line - 1] if site.line <= len(old) else ""
+    if "non_blocking" in line:
+        return None
+
+    def add(m: re.Match) -> str:
+        inner = m.group(2).strip()
+        return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
+
+    new_line, n = _TRANSFER_CALL.subn(add, line, count=1)
+    if not n:
+        return None
+    new = list(old)
+    new[site.line - 1] = new_line
+    shown = short_path(site.file, cwd)
+    return "".join(difflib.unified_diff(old, new, fromfile=f"a/{shown}", tofile=f"b/{shown}"))
+
+
+@register
+class HostReadInLoop(Rule):
+    """A value read back to the host on every iteration.
+
+        for batch in loader:
+            total += loss.item()           # the host waits for the device every step
+
+    Keep it on the device (`total += loss.detach()`) and read it once after the loop.
+    """
+
+    name = "host-read-in-loop"
+    description = "Accumulate on the device and read once after the loop"
+    TRIGGERS = ("item", "float", "int", "format", "print", "tolist")
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        out = []
+        for c in trace.copies:
+            if c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS:
+                continue
+            if c.calls < 2 or c.site is None:
+                continue
+            saving = c.host_ns * (c.calls - 1) // c.calls
+            out.append(Suggestion(
+                rule=self.name,
+                title=f"read once after the loop instead of {c.calls} times at "
+                      f"{_where(c.site, cwd)}",
+                detail=(f"`{c.trigger}` reads a device value {c.calls} times and the host waits "
+                        "each time; accumulate on the device (x.detach()) and read once"),
+                sites=[c.site], removes=[c], saving_ns=saving))
+        return out
+
+
+@register
+class DataDependentShape(Rule):
+    """An op whose output size depends on the data reads a count back to the host.
+
+        idx = torch.nonzero(mask)          # the host waits to learn the size
+        y = x[mask]
+
+    Use `torch.where(mask, x, 0)` when a same-shape result will do, or
+    `torch.nonzero_static(mask, size=N)` / `repeat_interleave(..., output_size=N)` when a bound
+    is known.
+    """
+
+    name = "data-dependent-shape"
+    description = "Avoid data-dependent output sizes (where, nonzero_static, output_size)"
+    TRIGGERS = ("nonzero", "mask", "unique", "repeat_interleave", "bincount")
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        out = []
+        for c in trace.copies:
+            if c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS:
+                continue
+            if c.site is None:
+                continue
+            hint = {"nonzero": "torch.nonzero_static(x, size=N) or torch.where(cond, x, y)",
+                    "mask": "torch.where(mask, x, 0) (same shape) instead of x[mask]",
+                    "unique": "a known bound, or keep the result on the device",
+                    "repeat_interleave": "repeat_interleave(..., output_size=N)",
+                    "bincount": "a known minlength and a device-side bound"}[c.trigger]
+            out.append(Suggestion(
+                rule=self.name,
+                title=f"avoid the data-dependent size at {_where(c.site, cwd)}",
+                detail=f"{c.calls} host waits to learn an output size; use {hint}",
+                sites=[c.site], removes=[c], saving_ns=c.host_ns))
+        return out
+
+
+def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None) -> list[Suggestion]:
+    """Every rule's suggestions, largest estimated saving first; a copy is claimed by the first
+    (most specific) rule that removes it."""
+    found: list[Suggestion] = []
+    claimed: set[int] = set()
+    for rule in RULES:
+        for s in rule().match(trace, explanation, cwd):
+            if any(id(c) in claimed for c in s.removes):
+                continue
+            claimed.update(id(c) for c in s.removes)
+            found.append(s)
+    found.sort(key=lambda s: -s.saving_ns)
+    return found

@@ -1,0 +1,169 @@
+"""`memcpy-doctor explain` output: text, JSON and Markdown of the explanation, the suggestions
+and (with --log) the transfer log."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..analysis.attribution import Chain, End, Explanation
+from ..analysis.rules import Suggestion
+from ..trace import CopyRecord, Trace, TransferRecord
+from .text import format_ref, format_site, short_path
+
+FORMATS = ("text", "json", "markdown")
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.4g} ms"
+
+
+def _tensor(c: CopyRecord | TransferRecord) -> str:
+    if c.shape is None or c.dtype is None:
+        return ""
+    return f"{c.dtype}[{', '.join(map(str, c.shape))}]"
+
+
+def _end(label: str, end: End | None, cwd: str | None, none: str) -> str:
+    if end is None:
+        return f"    {label:<9} {none}"
+    text = f"   {end.text}" if end.text else ""
+    return f"    {label:<9} {end.op} [{end.device}]  {format_site(end.site, cwd)}{text}"
+
+
+def _chain_text(i: int, chain: Chain, cwd: str | None) -> list[str]:
+    kind = " -> ".join(["host" if s.copy.direction == "HtoD" else "device" for s in chain.steps]
+                       + ["device" if chain.steps[-1].copy.direction == "HtoD" else "host"])
+    lines = [f"#{i}  {_ms(chain.time_ns)} ({chain.share:.2%} of total)  {kind}"]
+    lines.append(_end("made by", chain.producer, cwd, "(no op: data from Python)"))
+    for n, step in enumerate(chain.steps):
+        c = step.copy
+        text = f"   {step.text}" if step.text else ""
+        lines.append(f"    {'copy':<9} {c.direction} sync `{c.trigger}`, {c.calls} calls, "
+                     f"{c.bytes} B {_tensor(c)}, {_ms(c.time_ns)}  "
+                     f"{format_site(c.site, cwd)}{text}")
+        if n < len(chain.middle):
+            lines.append(_end("op", chain.middle[n], cwd, "?"))
+    lines.append(_end("read by", chain.consumer, cwd, "no op (a Python value, or never read)"))
+    return lines
+
+
+def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
+    calls = sum(c.calls for c in s.removes)
+    lines = [f"{i}. {s.title}",
+             f"   saves ~{_ms(s.saving_ns)} (estimated; removes {len(s.removes)} copy "
+             f"path{'s' if len(s.removes) != 1 else ''}, {calls} calls){'' if s.exact else ' [heuristic]'}",
+             f"   {s.detail}"]
+    if s.diff:
+        lines += ["", *("   " + ln for ln in s.diff.rstrip("\n").splitlines()), ""]
+    return lines
+
+
+def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
+                        cwd: str | None = None) -> str:
+    place = (f"simulated {exp.device_name}; times are modeled" if exp.simulated
+             else exp.device_name)
+    share = exp.sync_time_ns / exp.total_ns if exp.total_ns else 0.0
+    lines = [f"Copies the host waited for ({place})",
+             f"Total time {_ms(exp.total_ns)}; sync copies: {exp.sync_calls} calls, "
+             f"{_ms(exp.sync_time_ns)} ({share:.2%})", ""]
+    if not exp.chains:
+        lines.append("No copies the host waited for.")
+    for i, chain in enumerate(exp.chains, 1):
+        lines += _chain_text(i, chain, cwd) + [""]
+    lines.append("Suggestions (largest estimated saving first)" if suggestions
+                 else "No suggestions.")
+    for i, s in enumerate(suggestions, 1):
+        lines += _suggestion_text(i, s, cwd)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _site_dict(site: Any) -> Any:
+    return None if site is None else {"file": site.file, "line": site.line,
+                                      "function": site.function}
+
+
+def _end_dict(end: End | None) -> Any:
+    if end is None:
+        return None
+    return {"op": end.op, "device": end.device, "site": _site_dict(end.site), "text": end.text}
+
+
+def suggestion_dict(s: Suggestion) -> dict[str, Any]:
+    return {"rule": s.rule, "title": s.title, "detail": s.detail,
+            "sites": [_site_dict(x) for x in s.sites], "saving_ns": s.saving_ns,
+            "exact": s.exact, "removes": [{"direction": c.direction, "trigger": c.trigger,
+                                           "site": _site_dict(c.site), "calls": c.calls}
+                                          for c in s.removes],
+            "diff": s.diff, "apply": s.apply}
+
+
+def render_explain_json(exp: Explanation, suggestions: list[Suggestion]) -> str:
+    data = {
+        "total_ns": exp.total_ns, "simulated": exp.simulated, "device_name": exp.device_name,
+        "sync_calls": exp.sync_calls, "sync_time_ns": exp.sync_time_ns,
+        "chains": [{
+            "time_ns": ch.time_ns, "share": ch.share, "producer": _end_dict(ch.producer),
+            "copies": [{"direction": st.copy.direction, "trigger": st.copy.trigger,
+                        "calls": st.copy.calls, "bytes": st.copy.bytes,
+                        "shape": st.copy.shape, "dtype": st.copy.dtype,
+                        "time_ns": st.copy.time_ns, "share": st.share,
+                        "site": _site_dict(st.copy.site), "text": st.text}
+                       for st in ch.steps],
+            "between": [_end_dict(m) for m in ch.middle],
+            "consumer": _end_dict(ch.consumer)} for ch in exp.chains],
+        "suggestions": [suggestion_dict(s) for s in suggestions],
+    }
+    return json.dumps(data, indent=1) + "\n"
+
+
+def render_explain_markdown(exp: Explanation, suggestions: list[Suggestion],
+                            cwd: str | None = None) -> str:
+    place = (f"simulated {exp.device_name}, times modeled" if exp.simulated
+             else exp.device_name)
+    lines = [f"## Copies the host waited for ({place})", "",
+             f"Total time {_ms(exp.total_ns)}; sync copies: {exp.sync_calls} calls, "
+             f"{_ms(exp.sync_time_ns)}.", ""]
+    if exp.chains:
+        lines += ["| # | time | share | producer | copies | consumer |",
+                  "|---|---|---|---|---|---|"]
+        for i, ch in enumerate(exp.chains, 1):
+            copies = "<br>".join(f"{st.copy.direction} `{st.copy.trigger}` x{st.copy.calls} at "
+                                 f"`{format_site(st.copy.site, cwd)}`" for st in ch.steps)
+            prod = (f"`{ch.producer.op}` at `{format_site(ch.producer.site, cwd)}`"
+                    if ch.producer else "-")
+            cons = (f"`{ch.consumer.op}` at `{format_site(ch.consumer.site, cwd)}`"
+                    if ch.consumer else "-")
+            lines.append(f"| {i} | {_ms(ch.time_ns)} | {ch.share:.2%} | {prod} | {copies} | "
+                         f"{cons} |")
+    else:
+        lines.append("No copies the host waited for.")
+    if suggestions:
+        lines += ["", "## Suggestions", ""]
+        for i, s in enumerate(suggestions, 1):
+            lines += [f"{i}. **{s.title}**: saves ~{_ms(s.saving_ns)} (estimated). {s.detail}"]
+            if s.diff:
+                lines += ["", "```diff", s.diff.rstrip("\n"), "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_log(trace: Trace, cwd: str | None = None) -> str:
+    """Every logged transfer in program order, like Paddle's verbose operator log."""
+    if not trace.transfers:
+        return ("No transfer log in this trace: profile with --log-transfers N to keep the "
+                "first N copies in order.\n")
+    lines = []
+    for t in trace.transfers:
+        src, dst = {"HtoD": ("cpu", "cuda:0"), "DtoH": ("cuda:0", "cpu"),
+                    "DtoD": ("cuda", "cuda")}[t.direction]
+        lines.append(
+            f"#{t.seq:<5} {'sync ' if t.sync else 'async'} {t.trigger:<8} {_tensor(t):<18} "
+            f"{src} -> {dst}  {t.bytes} B  at {format_site(t.site, cwd)}  "
+            f"from {format_ref(t.producer, cwd)}  to {format_ref(t.consumer, cwd)}")
+    dropped = [u for u in trace.meta.untraced if u.startswith("transfer log")]
+    lines += dropped
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["FORMATS", "render_explain_text", "render_explain_json", "render_explain_markdown",
+           "render_log", "short_path"]
