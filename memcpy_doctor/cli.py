@@ -18,7 +18,9 @@ from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
 from .render.text import render_text
 from .runner import format_exception, run_script
 from .analysis.attribution import explain as explain_trace
+from .analysis.compare import compare
 from .analysis.rules import suggest
+from .render.diff import render_diff
 from .render.explain import (FORMATS as EXPLAIN_FORMATS, render_explain_json,
                              render_explain_markdown, render_explain_text, render_log)
 from .trace import Trace, TraceError
@@ -124,6 +126,15 @@ def explain(trace: str, fmt: str, log: bool) -> None:
         click.echo(render_explain_markdown(explanation, suggestions, cwd), nl=False)
     else:
         click.echo(render_explain_text(explanation, suggestions, cwd), nl=False)
+
+
+@cli.command()
+@click.argument("before", type=click.Path(dir_okay=False))
+@click.argument("after", type=click.Path(dir_okay=False))
+def diff(before: str, after: str) -> None:
+    """Compare two saved traces: total time, each memcpy line, the event rows and the sync
+    copy paths that changed."""
+    click.echo(render_diff(compare(_load(before), _load(after)), before, after, os.getcwd()))
 
 
 def main(argv: list[str] | None = None) -> None:

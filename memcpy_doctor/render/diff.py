@@ -1,0 +1,50 @@
+"""`memcpy-doctor diff`: two reports side by side."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from ..analysis.compare import Comparison, Figure
+from .text import format_site
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.6g}"
+
+
+def _change(before: int, after: int) -> str:
+    if before == 0:
+        return "new" if after else "-"
+    return f"{(after - before) / before:+.1%}"
+
+
+def _row(f: Figure) -> list[str]:
+    calls = ("" if f.before_calls is None
+             else f"{f.before_calls} -> {f.after_calls}")
+    return [f.name, _ms(f.before_ns), _ms(f.after_ns), _change(f.before_ns, f.after_ns), calls]
+
+
+def render_diff(c: Comparison, before_name: str, after_name: str,
+                cwd: str | None = None) -> str:
+    lines = [f"Before: {before_name}", f"After:  {after_name}"]
+    if any(c.simulated):
+        lines.append("Times are modeled (simulated GPU)" if all(c.simulated)
+                     else "Warning: one trace is simulated, the other measured")
+    lines += ["", tabulate([_row(f) for f in c.figures],
+                           headers=["", "Before (ms)", "After (ms)", "Change", "Calls"],
+                           tablefmt="plain", disable_numparse=True), ""]
+    if c.events:
+        lines += ["Event rows that changed", tabulate(
+            [_row(f) for f in c.events],
+            headers=["Event", "Before (ms)", "After (ms)", "Change", "Calls"],
+            tablefmt="plain", disable_numparse=True), ""]
+    if c.sync_paths:
+        lines += ["Sync copy paths that changed", tabulate(
+            [[f"{p.direction} {p.trigger}", format_site(p.site, cwd),
+              f"{p.before_calls} -> {p.after_calls}", _ms(p.before_ns), _ms(p.after_ns)]
+             for p in c.sync_paths],
+            headers=["Copy", "Site", "Calls", "Before (ms)", "After (ms)"],
+            tablefmt="plain", disable_numparse=True), ""]
+    else:
+        lines += ["No sync copy path changed.", ""]
+    return "\n".join(lines)
