@@ -18,7 +18,9 @@ from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
 from .render.text import render_text
 from .runner import format_exception, run_script
 from .analysis.attribution import explain as explain_trace
+from .apply import ApplyError, load_edits
 from .analysis.compare import compare
+from .analysis.placement import parse_bytes
 from .analysis.rules import suggest
 from .render.diff import render_diff
 from .render.explain import (FORMATS as EXPLAIN_FORMATS, render_explain_json,
@@ -50,10 +52,14 @@ def cli() -> None:
 @click.option("--log-transfers", metavar="N", type=click.IntRange(min=0),
               default=DEFAULT_TRANSFER_LOG,
               help="Keep the first N copies in order in the trace, for `explain --log`.")
+@click.option("--apply", "apply_path", metavar="SUGGESTIONS.json", default=None,
+              help="Apply the device_guard edits of `explain --format json` in memory "
+                   "(the file is not changed) and profile that.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
-            log_transfers: int, script: str, args: tuple[str, ...]) -> None:
+            log_transfers: int, apply_path: str | None, script: str,
+            args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
     (to stderr) and write the trace. Options after SCRIPT belong to the script."""
     out_path = os.path.abspath(output)  # taken now: the script may change directory
@@ -67,7 +73,11 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     except ProfileError as e:
         raise UsageProblem(str(e)) from None
     try:
-        result = run_script(script, list(args), tracer)
+        edits = load_edits(apply_path) if apply_path else None
+    except ApplyError as e:
+        raise UsageProblem(str(e)) from None
+    try:
+        result = run_script(script, list(args), tracer, edits)
     except (RuntimeError, ValueError) as e:
         if tracer.trace is None:  # the tracer could not start (e.g. --device cuda, no GPU)
             raise UsageProblem(str(e)) from None
@@ -77,6 +87,9 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     elif result.exit_message is not None:
         sys.stderr.write(result.exit_message + "\n")
     sys.stderr.flush()
+    for e in result.missed_edits:
+        click.echo(f"memcpy-doctor: --apply: not applied at {e.file}:{e.line} (only statements "
+                   "of SCRIPT itself can be guarded)", err=True)
     click.echo(render_text(result.trace, sort=sort), err=True)
     try:
         result.trace.save(out_path)
@@ -109,7 +122,9 @@ def _load(path: str) -> Trace:
               show_default=True, help="Output format.")
 @click.option("--log", is_flag=True,
               help="Print every logged transfer in order (profile with --log-transfers N).")
-def explain(trace: str, fmt: str, log: bool) -> None:
+@click.option("--device-memory", metavar="SIZE", default=None,
+              help="Device memory budget for the placement, e.g. 4GiB.")
+def explain(trace: str, fmt: str, log: bool, device_memory: str | None) -> None:
     """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
     last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
     them, largest saving first. Runs nothing and needs no GPU."""
@@ -118,8 +133,15 @@ def explain(trace: str, fmt: str, log: bool) -> None:
     if log:
         click.echo(render_log(loaded, cwd), nl=False)
         return
+    try:
+        budget = parse_bytes(device_memory) if device_memory is not None else None
+    except ValueError as e:
+        raise UsageProblem(f"--device-memory: {e}") from None
     explanation = explain_trace(loaded)
-    suggestions = suggest(loaded, explanation, cwd)
+    try:
+        suggestions = suggest(loaded, explanation, cwd, budget)
+    except ValueError as e:  # the budget cannot be met at all
+        raise UsageProblem(str(e)) from None
     if fmt == "json":
         click.echo(render_explain_json(explanation, suggestions), nl=False)
     elif fmt == "markdown":

@@ -16,11 +16,12 @@ import sys
 import traceback
 import types
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 
+from .apply import GuardEdit, apply_edits
 from .defaults import EXIT_INTERRUPTED
 from .trace import Trace
 from .tracer import Tracer
@@ -36,6 +37,7 @@ class RunResult:
     ended_by: str  # completed | exit | exception | interrupt
     exception: BaseException | None = None  # to print, as Python would
     exit_message: str | None = None  # a non-integer sys.exit() argument, printed to stderr
+    missed_edits: list[GuardEdit] = field(default_factory=list)  # --apply edits not applied
 
 
 def _exit_status(code: object) -> tuple[int, str | None]:
@@ -58,8 +60,10 @@ def _main_module(path: str) -> types.ModuleType:
     return main
 
 
-def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
-    """Run `script` under `tracer`; the trace covers whatever ran, however it ended."""
+def run_script(script: str, args: list[str], tracer: Tracer,
+               edits: list[GuardEdit] | None = None) -> RunResult:
+    """Run `script` under `tracer`; the trace covers whatever ran, however it ended. `edits`
+    (from `profile --apply`) are applied to the script's code in memory."""
     path = os.path.abspath(script)
     saved_argv = sys.argv[:]
     saved_path0 = sys.path[0] if sys.path else None
@@ -70,11 +74,15 @@ def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
     else:
         sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     status, ended_by, exc, message = 0, "completed", None, None
+    missed: list[GuardEdit] = []
     try:
         with io.open_code(path) as f:
             source = f.read()
         try:
-            code = compile(source, path, "exec", dont_inherit=True)
+            if edits:
+                code, missed = apply_edits(source, path, edits)
+            else:
+                code = compile(source, path, "exec", dont_inherit=True)
         except SyntaxError as e:  # nothing ran: Python prints it without a traceback
             e.__traceback__ = None
             raise
@@ -108,7 +116,7 @@ def run_script(script: str, args: list[str], tracer: Tracer) -> RunResult:
         trace = tracer.trace
     trace.meta.exit_status = status
     trace.meta.ended_by = ended_by
-    return RunResult(trace, status, ended_by, exc, message)
+    return RunResult(trace, status, ended_by, exc, message, missed)
 
 
 @contextlib.contextmanager

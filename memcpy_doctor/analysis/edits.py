@@ -13,7 +13,7 @@ import os
 GUARD_IMPORT = "import memcpy_doctor"
 
 
-def _statement_span(tree: ast.AST, line: int) -> tuple[int, int] | None:
+def statement_span(tree: ast.AST, line: int) -> tuple[int, int] | None:
     """The first and last line of the innermost simple statement that holds `line`."""
     best = None
     for node in ast.walk(tree):
@@ -37,7 +37,7 @@ def guard_diff(path: str, lines: list[int], device: str, cwd: str | None = None)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
     old = text.splitlines(keepends=True)
-    spans = sorted({s for s in (_statement_span(tree, ln) for ln in lines) if s is not None})
+    spans = sorted({s for s in (statement_span(tree, ln) for ln in lines) if s is not None})
     if not spans:
         return None
     new = list(old)

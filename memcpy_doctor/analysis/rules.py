@@ -254,13 +254,22 @@ class DataDependentShape(Rule):
         return out
 
 
-def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None) -> list[Suggestion]:
+def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
+            device_memory_bytes: int | None = None) -> list[Suggestion]:
     """Every rule's suggestions, largest estimated saving first; a copy is claimed by the first
-    (most specific) rule that removes it."""
+    (most specific) rule that removes it. The placement (a minimum cut over the op graph)
+    comes first under a device memory budget, last otherwise."""
+    from .placement_graph import placement_suggestions
+
+    placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
+    batches = [placed] if device_memory_bytes is not None else []
+    batches += [rule().match(trace, explanation, cwd) for rule in RULES]
+    if device_memory_bytes is None:
+        batches.append(placed)
     found: list[Suggestion] = []
     claimed: set[int] = set()
-    for rule in RULES:
-        for s in rule().match(trace, explanation, cwd):
+    for batch in batches:
+        for s in batch:
             if any(id(c) in claimed for c in s.removes):
                 continue
             claimed.update(id(c) for c in s.removes)

@@ -1,0 +1,142 @@
+"""The recorded op graph as a placement problem, and its answer as device_guard suggestions.
+
+Nodes are call sites (all ops at one line of code), so the answer maps to lines. A node's cost
+on each device: on the device, its modeled or measured device time plus its launches; on the
+host, the time the ops took on the CPU (measured on the simulated GPU, where the CPU computed
+them; on a real GPU only the launches were measured, so the host side is estimated from the
+roofline at a tenth of the device's peak, and the answer says so). An edge is a tensor flowing
+from one site to another: crossing devices costs a copy and a host wait per call. Python itself
+is a node pinned to the host: values read with `.item()` or `print` flow to it, and data made
+from Python lists flows from it. A node's device memory is the weights copied to the device
+for it (copied once, not per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..trace import Site, Trace
+from .costmodel import DeviceProfile
+from .placement import DEVICE, HOST, Edge, Node, Placement, place
+from .edits import guard_diff, short_path
+from .rules import Suggestion
+
+PYTHON = ("<python>", 0)
+#: A CPU is taken to reach this share of the GPU's roofline when host cost was not measured.
+_CPU_SHARE_OF_GPU = 0.1
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} B"
+
+
+def _key(site: Site) -> tuple[str, int]:
+    return (site.file, site.line)
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    edges: list[Edge]
+    observed_device: set[tuple[str, int]]
+    weight_sites: dict[tuple[str, int], Site]  # where a node's weights were made
+    measured_host: bool
+
+
+def build_graph(trace: Trace) -> Graph:
+    profile = DeviceProfile.from_dict(trace.meta.device_profile) if trace.meta.device_profile \
+        else None
+    measured_host = trace.meta.simulated
+    host: dict[tuple, int] = {}
+    device: dict[tuple, int] = {}
+    observed = set()
+    for op in trace.ops:
+        if op.site is None:
+            continue
+        k = _key(op.site)
+        launch = op.calls * (profile.launch_ns if profile else 5000)
+        if op.device != "cpu":
+            observed.add(k)
+            device[k] = device.get(k, 0) + op.host_ns + op.device_ns
+            cpu = op.run_ns if measured_host else 10 * op.device_ns
+            host[k] = host.get(k, 0) + cpu
+        else:
+            host[k] = host.get(k, 0) + op.run_ns
+            per_call = (profile.kernel_ns(op.flops / op.calls, op.bytes / op.calls, "float32")
+                        if profile and op.calls else 0)
+            device[k] = device.get(k, 0) + launch + per_call * op.calls
+    weights: dict[tuple, int] = {}
+    weight_sites: dict[tuple, Site] = {}
+    edges = []
+    copy_ns = (lambda n: profile.copy_ns("HtoD", n, False) + profile.sync_ns + profile.launch_ns) \
+        if profile else (lambda n: 10_000 + n // 10)
+    for c in trace.copies:
+        per_call = c.bytes // max(c.calls, 1)
+        cons = _key(c.consumer.site) if c.consumer and c.consumer.site else None
+        prod = _key(c.producer.site) if c.producer and c.producer.site else None
+        if c.direction == "HtoD" and c.calls == 1 and cons in device and prod is not None:
+            weights[cons] = weights.get(cons, 0) + per_call  # copied once: a weight
+            weight_sites[cons] = c.producer.site
+        if c.direction == "DtoH" and c.consumer is None and prod in host:
+            edges.append(Edge(prod, PYTHON, c.calls * copy_ns(per_call)))
+        if c.direction == "HtoD" and prod is None and cons in host:
+            edges.append(Edge(PYTHON, cons, c.calls * copy_ns(per_call)))
+    for f in trace.flows:
+        if f.producer.site is None or f.consumer.site is None:
+            continue
+        a, b = _key(f.producer.site), _key(f.consumer.site)
+        if a != b and a in host and b in host:
+            edges.append(Edge(a, b, f.calls * copy_ns(f.bytes // max(f.calls, 1))))
+    nodes = [Node(k, host_ns=host[k], device_ns=device[k], device_bytes=weights.get(k, 0))
+             for k in host]
+    nodes.append(Node(PYTHON, 0, 0, pinned=HOST))
+    return Graph(nodes, edges, observed, weight_sites, measured_host)
+
+
+def observed_cost(graph: Graph) -> int:
+    """The objective for the placement the program ran with."""
+    side = {n.key: (DEVICE if n.key in graph.observed_device else HOST) for n in graph.nodes}
+    cost = sum(n.device_ns if side[n.key] == DEVICE else n.host_ns for n in graph.nodes)
+    return cost + sum(e.cost_ns for e in graph.edges if side[e.src] != side[e.dst])
+
+
+def placement_suggestions(trace: Trace, device_memory_bytes: int | None = None,
+                          cwd: str | None = None) -> tuple[Placement, list[Suggestion]]:
+    """The best placement of the recorded ops and the device_guard edits that reach it."""
+    graph = build_graph(trace)
+    best = place(graph.nodes, graph.edges, device_memory_bytes)
+    saving = observed_cost(graph) - best.cost_ns
+    to_host = sorted(k for k in graph.observed_device if k in best.on_host)
+    suggestions = []
+    if to_host and (saving > 0 or device_memory_bytes is not None):
+        sites = []
+        for k in to_host:
+            # a node holding weights is guarded where the weights are made (the module's
+            # construction), so they stay on the host; others where they run
+            site = graph.weight_sites.get(k)
+            sites.append(_key(site) if site is not None else k)
+        sites = sorted(set(sites))
+        removed = [c for c in trace.copies
+                   if c.consumer and c.consumer.site and _key(c.consumer.site) in to_host]
+        diffs = [guard_diff(f, [ln for ff, ln in sites if ff == f], "cpu", cwd)
+                 for f in sorted({f for f, _ in sites})]
+        where = ", ".join(f"{short_path(f, cwd)}:{ln}" for f, ln in sites)
+        budget = ("" if device_memory_bytes is None
+                  else f" within {_size(device_memory_bytes)} of device memory")
+        suggestions.append(Suggestion(
+            rule="placement",
+            title=f"place the ops at {where} on the host{budget}",
+            detail=(f"{best.method}; modeled cost {observed_cost(graph) / 1e6:.4g} ms as run, "
+                    f"{best.cost_ns / 1e6:.4g} ms placed"
+                    + ("" if graph.measured_host else
+                       "; host cost estimated (not measured on a real GPU)")),
+            sites=[Site(f, ln, "") for f, ln in sites], removes=removed,
+            saving_ns=saving,
+            diff="".join(d for d in diffs if d) or None,
+            apply={"kind": "device_guard", "device": "cpu",
+                   "sites": [{"file": f, "line": ln} for f, ln in sites]},
+            exact=best.exact and graph.measured_host))
+    return best, suggestions

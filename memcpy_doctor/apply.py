@@ -1,0 +1,97 @@
+"""`profile --apply`: run a script with suggested device_guard edits applied in memory.
+
+The file on disk is never changed: its syntax tree is edited (the statement at each suggested
+line wrapped in `with memcpy_doctor.device_guard(DEVICE):`) and compiled with the original line
+numbers, so the re-profile reports the same lines as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .analysis.edits import statement_span
+
+
+class ApplyError(Exception):
+    """A suggestions file that cannot be read or applied."""
+
+
+@dataclass(frozen=True)
+class GuardEdit:
+    file: str
+    line: int
+    device: str
+
+
+def load_edits(path: str) -> list[GuardEdit]:
+    """The device_guard edits in an `explain --format json` output (or a list of its
+    suggestions, or of their `apply` entries)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ApplyError(f"{path}: cannot read suggestions ({e})") from None
+    items: Any = data.get("suggestions", data) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ApplyError(f"{path}: expected explain's JSON or a list of suggestions")
+    edits = []
+    for item in items:
+        spec = item.get("apply", item) if isinstance(item, dict) else None
+        if not isinstance(spec, dict) or spec.get("kind") != "device_guard":
+            continue
+        device = spec.get("device")
+        for site in spec.get("sites", []):
+            try:
+                edits.append(GuardEdit(os.path.abspath(str(site["file"])), int(site["line"]),
+                                       str(device)))
+            except (KeyError, TypeError, ValueError):
+                raise ApplyError(f"{path}: a device_guard edit without file and line") from None
+    if not edits:
+        raise ApplyError(f"{path}: no device_guard edit to apply")
+    return edits
+
+
+class _Wrap(ast.NodeTransformer):
+    def __init__(self, lines: dict[int, str]) -> None:
+        self.lines = lines
+        self.done: set[int] = set()
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                setattr(node, name, [self._wrap(s) for s in value])
+        return super().generic_visit(node)
+
+    def _wrap(self, stmt: ast.stmt) -> ast.stmt:
+        device = self.lines.get(stmt.lineno)
+        if device is None or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                               ast.ClassDef, ast.Import, ast.ImportFrom)):
+            return stmt
+        self.done.add(stmt.lineno)
+        guard = ast.Call(
+            func=ast.Attribute(
+                value=ast.Call(func=ast.Name("__import__", ast.Load()),
+                               args=[ast.Constant("memcpy_doctor")], keywords=[]),
+                attr="device_guard", ctx=ast.Load()),
+            args=[ast.Constant(device)], keywords=[])
+        with_node = ast.With(items=[ast.withitem(context_expr=guard)], body=[stmt])
+        return ast.copy_location(with_node, stmt)
+
+
+def apply_edits(source: bytes, path: str, edits: list[GuardEdit]) -> tuple[Any, list[GuardEdit]]:
+    """The script's code with the edits for `path` applied, and the edits it could not apply
+    (another file, or no statement starting at that line)."""
+    tree = ast.parse(source, filename=path)
+    starts: dict[GuardEdit, int] = {}
+    for e in edits:
+        span = statement_span(tree, e.line) if e.file == path else None
+        if span is not None:
+            starts[e] = span[0]  # the statement that holds the line starts here
+    wrapper = _Wrap({start: e.device for e, start in starts.items()})
+    tree = ast.fix_missing_locations(wrapper.visit(tree))
+    missed = [e for e in edits if starts.get(e) not in wrapper.done]
+    return compile(tree, path, "exec", dont_inherit=True), missed
