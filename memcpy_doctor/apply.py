@@ -67,9 +67,11 @@ class _Wrap(ast.NodeTransformer):
         return super().generic_visit(node)
 
     def _wrap(self, stmt: ast.stmt) -> ast.stmt:
-        device = self.lines.get(stmt.lineno)
-        if device is None or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                               ast.ClassDef, ast.Import, ast.ImportFrom)):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                             ast.ImportFrom)):
+            return stmt
+        device = self.lines.pop(stmt.lineno, None)  # once: the With holds the same statement
+        if device is None:
             return stmt
         self.done.add(stmt.lineno)
         guard = ast.Call(

@@ -1,0 +1,177 @@
+"""explain, suggestions, diffs, --apply edits and diff, on hand-built traces with round numbers
+and a real source file (so source lines and diffs can be checked exactly)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from memcpy_doctor.analysis.attribution import explain
+from memcpy_doctor.analysis.compare import compare
+from memcpy_doctor.analysis.edits import guard_diff
+from memcpy_doctor.analysis.rules import suggest
+from memcpy_doctor.analysis.summary import summarize
+from memcpy_doctor.apply import ApplyError, GuardEdit, apply_edits, load_edits
+from memcpy_doctor.render.diff import render_diff
+from memcpy_doctor.render.explain import render_explain_json, render_explain_text
+from memcpy_doctor.trace import CopyRecord, Meta, OpRecord, OpRef, Site, Trace
+
+SOURCE = textwrap.dedent("""\
+    import torch
+
+
+    def step(data, device):
+        shape = torch.tensor(data.shape)
+        shape = shape.to(device)
+        shape = shape[0:4]
+        sizes = shape.tolist()
+        total = data.sum().item()
+        return sizes, total
+""")
+
+
+def udiff(text: str) -> str:
+    """A unified diff written indented in a test: blank context lines are a single space."""
+    lines = textwrap.dedent(text).split("\n")
+    return "\n".join(line or " " for line in lines[:-1]) + "\n"
+
+
+@pytest.fixture
+def prog(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text(SOURCE)
+    return str(path)
+
+
+def bounce_trace(prog: str) -> Trace:
+    """10 steps: host tensor -> HtoD (line 6) -> slice on the device (line 7) -> DtoH (line 8);
+    plus an .item() every step (line 9)."""
+    def at(line, fn="step"):
+        return Site(prog, line, fn)
+    made = OpRef("aten::lift_fresh", "cpu", at(5))
+    sliced = OpRef("aten::slice", "cuda:0", at(7))
+    summed = OpRef("aten::sum", "cuda:0", at(9))
+    copies = [
+        CopyRecord("HtoD", True, False, "to", 10, 320, 200_000, 100_000, at(6), [at(6)], made,
+                   sliced, [4], "int64"),
+        CopyRecord("DtoH", True, False, "tolist", 10, 320, 150_000, 50_000, at(8), [at(8)],
+                   sliced, None, [4], "int64"),
+        CopyRecord("DtoH", True, False, "item", 10, 40, 100_000, 0, at(9), [at(9)], summed,
+                   None, [], "float32"),
+    ]
+    ops = [OpRecord("aten::lift_fresh", "cpu", at(5), 10, 50_000, 0, 50_000),
+           OpRecord("aten::slice", "cuda:0", at(7), 10, 30_000, 0, 30_000),
+           OpRecord("aten::sum", "cuda:0", at(9), 10, 50_000, 40_000, 90_000)]
+    meta = Meta(device="sim", simulated=True, device_name="GPU", device_profile=None,
+                torch_version="2.13.0", command=["prog.py"])
+    return Trace(meta, summarize(10_000_000, [], copies), [], ops, copies, [])
+
+
+def test_bounce_is_one_chain_with_lines_and_text(prog):
+    exp = explain(bounce_trace(prog))
+    assert exp.sync_calls == 30 and exp.sync_time_ns == 600_000
+    first, second = exp.chains
+    assert [s.copy.trigger for s in first.steps] == ["to", "tolist"]
+    assert first.time_ns == 500_000 and first.share == 0.05
+    assert (first.producer.op, first.producer.site.line, first.producer.text) == (
+        "aten::lift_fresh", 5, "shape = torch.tensor(data.shape)")
+    assert [(m.op, m.site.line, m.text) for m in first.middle] == [
+        ("aten::slice", 7, "shape = shape[0:4]")]
+    assert [s.text for s in first.steps] == ["shape = shape.to(device)",
+                                             "sizes = shape.tolist()"]
+    assert first.consumer is None and first.bounces
+    assert [s.copy.trigger for s in second.steps] == ["item"] and not second.bounces
+
+
+def test_suggestions_rank_by_saving_with_a_guard_diff(prog, tmp_path):
+    trace = bounce_trace(prog)
+    found = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert [s.rule for s in found] == ["host-round-trip", "host-read-in-loop"]
+    guard, loop = found
+    # both copies' host time back (350 us); the slice costs no more on the host
+    assert guard.saving_ns == 350_000
+    assert guard.apply == {"kind": "device_guard", "device": "cpu",
+                           "sites": [{"file": prog, "line": 7}]}
+    assert guard.diff == udiff("""\
+        --- a/prog.py
+        +++ b/prog.py
+        @@ -1,10 +1,12 @@
+         import torch
+        +import memcpy_doctor
+         
+         
+         def step(data, device):
+             shape = torch.tensor(data.shape)
+             shape = shape.to(device)
+        -    shape = shape[0:4]
+        +    with memcpy_doctor.device_guard("cpu"):
+        +        shape = shape[0:4]
+             sizes = shape.tolist()
+             total = data.sum().item()
+             return sizes, total
+        """)
+    assert loop.saving_ns == 90_000  # 9 of the 10 reads
+    text = render_explain_text(explain(trace), found, cwd=str(tmp_path))
+    assert "made by   aten::lift_fresh [cpu]  prog.py:5   shape = torch.tensor(data.shape)" in text
+    assert 'run aten::slice on the host with device_guard("cpu") at prog.py:7' in text
+    data = json.loads(render_explain_json(explain(trace), found))
+    assert data["suggestions"][0]["apply"]["sites"] == [{"file": prog, "line": 7}]
+
+
+def test_guard_diff_wraps_a_whole_multiline_statement(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import memcpy_doctor\nx = f(1,\n      2)\ny = 3\n")
+    assert guard_diff(str(path), [3], "cpu", str(tmp_path)) == udiff("""\
+        --- a/m.py
+        +++ b/m.py
+        @@ -1,4 +1,5 @@
+         import memcpy_doctor
+        -x = f(1,
+        -      2)
+        +with memcpy_doctor.device_guard("cpu"):
+        +    x = f(1,
+        +          2)
+         y = 3
+        """)
+    assert guard_diff(str(tmp_path / "missing.py"), [1], "cpu") is None
+
+
+def test_apply_edits_keep_line_numbers(prog):
+    with open(prog, "rb") as f:
+        source = f.read()
+    edits = [GuardEdit(prog, 7, "cpu"), GuardEdit("/elsewhere.py", 3, "cpu")]
+    code, missed = apply_edits(source, prog, edits)
+    assert missed == [GuardEdit("/elsewhere.py", 3, "cpu")]
+    step = next(c for c in code.co_consts if hasattr(c, "co_name") and c.co_name == "step")
+    assert {ln for _, _, ln in step.co_lines() if ln} == {4, 5, 6, 7, 8, 9, 10}
+
+
+def test_load_edits_reads_explain_json_and_rejects_others(prog, tmp_path):
+    trace = bounce_trace(prog)
+    good = tmp_path / "s.json"
+    good.write_text(render_explain_json(explain(trace), suggest(trace, explain(trace))))
+    assert load_edits(str(good)) == [GuardEdit(prog, 7, "cpu")]
+    bad = tmp_path / "b.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ApplyError, match="no device_guard edit"):
+        load_edits(str(bad))
+    with pytest.raises(ApplyError, match="cannot read"):
+        load_edits(str(tmp_path / "none.json"))
+
+
+def test_compare_shows_the_removed_paths(prog, tmp_path):
+    before = bounce_trace(prog)
+    after = bounce_trace(prog)
+    after.copies = after.copies[2:]
+    after.summary = summarize(9_000_000, [], after.copies)
+    c = compare(before, after)
+    assert [(f.name, f.before_ns, f.after_ns, f.before_calls, f.after_calls)
+            for f in c.figures if f.name == "GpuMemcpySync"] == [
+        ("GpuMemcpySync", 600_000, 100_000, 30, 10)]
+    assert [(p.trigger, p.site.line, p.before_calls, p.after_calls) for p in c.sync_paths] == [
+        ("to", 6, 10, 0), ("tolist", 8, 10, 0)]
+    text = render_diff(c, "before.json", "after.json", cwd=str(tmp_path))
+    assert "Total time          10             9             -10.0%" in text
+    assert "HtoD to      prog.py:6  10 -> 0" in text
