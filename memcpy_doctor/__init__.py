@@ -11,9 +11,10 @@ The library never prints; the `memcpy-doctor` command does.
 __version__ = "0.1.0"
 
 from .api import profiler  # noqa: E402
+from .guard import device_guard  # noqa: E402
 from .render.text import render_text  # noqa: E402
 from .trace import Trace, TraceError, load_trace  # noqa: E402
 from .tracer import Tracer  # noqa: E402
 
-__all__ = ["profiler", "Tracer", "Trace", "TraceError", "load_trace", "render_text",
+__all__ = ["device_guard", "profiler", "Tracer", "Trace", "TraceError", "load_trace", "render_text",
            "__version__"]

@@ -3,6 +3,7 @@
 import torch
 from torch._C._nn import _parse_to
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import flop_registry
 
@@ -21,5 +22,5 @@ def default_device_type() -> str:
     return context.device.type if context is not None else "cpu"
 
 
-__all__ = ["default_device_type", "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
+__all__ = ["default_device_type", "_device_constructors", "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry"]

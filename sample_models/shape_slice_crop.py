@@ -1,46 +1,50 @@
-"""Shape -> slice -> crop -> fetch: a PyTorch port of a small Paddle program.
+"""Shape -> slice -> crop -> fetch: a PyTorch port of a small Paddle program (origin.md, example 2).
 
 The Paddle original::
 
-    data1 = paddle.full([1, 3, 8, 8], 0.5)
-    data2 = paddle.full([1, 3, 5, 5], 0.5)
-    shape = paddle.shape(data2)          # output lives on the host
-    shape = paddle.slice(shape, ...)     # runs on the device
-    out = paddle.crop(data1, shape)      # reads its shape argument on the host
-    exe.run(fetch_list=[out])            # fetch the result back to the host
+    data1 = fluid.layers.fill_constant([1, 3, 8, 8], "float32", 0.5)
+    data2 = fluid.layers.fill_constant([1, 3, 5, 5], "float32", 0.5)
+    shape = fluid.layers.shape(data2)            # its output lives on the host
+    shape = fluid.layers.slice(shape, axes=[0], starts=[0], ends=[4])  # runs on the GPU
+    out = fluid.layers.crop_tensor(data1, shape=shape)  # reads its shape on the host
+    exe.run(fetch_list=[out])                    # fetch the result back to the host
 
-Copies between host and device that this program makes (once per iteration):
+Paddle places every op on the GPU and copies inputs that live elsewhere; the port does the
+same with ``memcpy_doctor.device_guard(device)`` around the loop. Per iteration:
 
-1. ``shape = torch.tensor(data2.shape)`` makes a small int64 [4] tensor on the
-   HOST (a "shape op"), and no copy yet.
-2. ``slice_op`` moves that host tensor to the device with ``.to(device)`` and
-   slices [0:4] there: a synchronous host->device copy, made only because the
-   slice op happens to run on the device.
-3. ``crop_tensor`` needs the sizes as Python ints, so it calls ``.tolist()``
-   on the device tensor: a synchronous device->host copy that undoes step 2.
-   Steps 2 and 3 together are a pointless round trip; keeping ``shape`` on the
-   host (or using ``data2.shape`` directly) would avoid both.
-4. The "fetch" ``out.to("cpu", non_blocking=True)`` is an asynchronous
-   device->host copy; on CUDA it must be followed by
-   ``torch.cuda.synchronize()`` before the result is read.
+1. ``shape_op`` keeps its output on the host (an int64 [4] tensor), as Paddle's shape op does.
+2. ``slice_op`` runs on the device, so the guard copies the host shape there first: a
+   synchronous host->device copy.
+3. ``crop_tensor`` reads its shape argument on the host with ``.tolist()``: a synchronous
+   device->host copy that undoes step 2.
+4. The fetch ``out.to("cpu", non_blocking=True)`` is an asynchronous device->host copy,
+   followed by ``torch.cuda.synchronize()`` before the result is read.
 
-On a CPU-only machine every ``.to`` is a no-op, so the program still runs and
-prints the same result.
+The fix, as in the Paddle article: run the slice under ``device_guard("cpu")``; both sync
+copies go. ``memcpy-doctor explain`` suggests exactly that edit, and ``memcpy-doctor profile
+--apply`` shows its effect. On a machine without a GPU (and without memcpy-doctor's simulated
+one) everything runs on the host and prints the same result.
 """
 
 import argparse
 
 import torch
 
+from memcpy_doctor import device_guard
 
-def slice_op(shape, device):
-    # Host->device copy (synchronous), then the slice runs on the device.
-    shape = shape.to(device)
-    return shape[0:4]
+
+def shape_op(x):
+    # Paddle's shape op: the output lives on the host.
+    return torch.tensor(x.shape, device="cpu")
+
+
+def slice_op(shape, start, end):
+    # Paddle's slice makes a new tensor (not a view) where the op runs.
+    return torch.narrow_copy(shape, 0, start, end - start)
 
 
 def crop_tensor(x, shape):
-    # Device->host copy (synchronous): the crop needs the sizes on the host.
+    # Paddle's crop_tensor reads its shape argument on the host.
     sizes = shape.tolist()
     return x[: sizes[0], : sizes[1], : sizes[2], : sizes[3]]
 
@@ -56,15 +60,16 @@ def main(argv=None):
     torch.manual_seed(0)
 
     result = None
-    for _ in range(args.iters):
-        data1 = torch.full([1, 3, 8, 8], 0.5, device=device)
-        data2 = torch.full([1, 3, 5, 5], 0.5, device=device)
-        shape = torch.tensor(data2.shape)
-        shape = slice_op(shape, device)
-        out = crop_tensor(data1, shape)
-        result = out.to("cpu", non_blocking=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
+    with device_guard(device):
+        for _ in range(args.iters):
+            data1 = torch.full([1, 3, 8, 8], 0.5)
+            data2 = torch.full([1, 3, 5, 5], 0.5)
+            shape = shape_op(data2)
+            shape = slice_op(shape, 0, 4)
+            out = crop_tensor(data1, shape)
+            result = out.to("cpu", non_blocking=True)
+            if device == "cuda":
+                torch.cuda.synchronize()
     print(f"crop sum: {float(result.sum()):.4f}")
 
 

@@ -103,8 +103,7 @@ def test_profiled_run_prints_what_the_plain_run_prints(sample, name):
 
 def test_shape_slice_crop(sample):
     s = sample("shape_slice_crop.py")
-    to_line = s.line("shape = shape.to(device)")
-    slice_line = s.line("return shape[0:4]")
+    slice_line = s.line("return torch.narrow_copy(shape, 0, start, end - start)")
     tolist_line = s.line("sizes = shape.tolist()")
     fetch_line = s.line('result = out.to("cpu", non_blocking=True)')
     sync_line = s.line("torch.cuda.synchronize()")
@@ -118,14 +117,15 @@ def test_shape_slice_crop(sample):
     [htod] = [c for c in sync if c.direction == "HtoD"]
     [dtoh] = [c for c in sync if c.direction == "DtoH"]
 
-    assert htod.site.line == to_line
+    # the guard copies the host shape to the device for the slice, at the slice's line
+    assert htod.site.line == slice_line
     assert (htod.trigger, htod.calls, htod.bytes) == ("to", 10, 320)
     # (its consumer: test_shape_slice_crop_htod_consumer_is_the_slice below)
 
     assert dtoh.site.line == tolist_line
     assert (dtoh.trigger, dtoh.calls) == ("tolist", 10)
     assert dtoh.producer is not None
-    assert dtoh.producer.op == "aten::slice"
+    assert dtoh.producer.op == "aten::narrow_copy"
     assert dtoh.producer.site.line == slice_line
 
     # the fetch: asynchronous, into pinned memory, at one site. (The trace splits it into two
@@ -144,11 +144,12 @@ def test_shape_slice_crop(sample):
 def test_shape_slice_crop_htod_consumer_is_the_slice(sample):
     s = sample("shape_slice_crop.py")
     [htod] = s.copies(direction="HtoD", sync=True)
-    assert htod.site.line == s.line("shape = shape.to(device)")
+    slice_line = s.line("return torch.narrow_copy(shape, 0, start, end - start)")
     assert htod.consumer is not None
-    assert htod.consumer.op == "aten::slice"
+    assert htod.consumer.op == "aten::narrow_copy"
     assert htod.consumer.device == "cuda:0"
-    assert htod.consumer.site.line == s.line("return shape[0:4]")
+    assert htod.consumer.site.line == slice_line
+    assert htod.producer.site.line == s.line('return torch.tensor(x.shape, device="cpu")')
 
 
 def test_item_every_step(sample):
@@ -235,3 +236,39 @@ def test_samples_run_with_device_cpu():
     # the two training loops use the same data and seed: the same mean loss
     assert lines[1] == lines[2]
     assert lines[0] == "crop sum: 37.5000"
+
+
+def test_shape_slice_crop_explain_apply_diff(sample, tmp_path):
+    """The article's workflow: explain names the slice, its device_guard edit is the top
+    suggestion, applying it removes both sync copies, and diff shows it."""
+    import json
+
+    s = sample("shape_slice_crop.py")
+    before = tmp_path / "before.json"
+    before.write_text(s.trace.to_json())
+    explained = run("-m", "memcpy_doctor", "explain", "--format", "json", before)
+    assert explained.returncode == 0, explained.stderr.decode()
+    data = json.loads(explained.stdout)
+    chain = data["chains"][0]
+    slice_line = s.line("return torch.narrow_copy(shape, 0, start, end - start)")
+    assert [c["direction"] for c in chain["copies"]] == ["HtoD", "DtoH"]
+    assert chain["producer"]["site"]["line"] == s.line('return torch.tensor(x.shape, device="cpu")')
+    assert [b["site"]["line"] for b in chain["between"]] == [slice_line]
+    top = data["suggestions"][0]
+    assert top["rule"] == "host-round-trip"
+    assert top["apply"]["sites"] == [{"file": str(s.path), "line": slice_line}]
+    assert '+    with memcpy_doctor.device_guard("cpu"):' in top["diff"]
+
+    suggestions = tmp_path / "s.json"
+    suggestions.write_bytes(explained.stdout)
+    after = tmp_path / "after.json"
+    applied = run("-m", "memcpy_doctor", "profile", "--device", "sim", "--apply", suggestions,
+                  "-o", after, "sample_models/shape_slice_crop.py")
+    assert applied.returncode == 0, applied.stderr.decode()
+    assert applied.stdout == s.plain.stdout
+    fixed = load_trace(after)
+    assert (fixed.summary.memcpy_sync.calls, fixed.summary.memcpy_async.calls) == (0, 10)
+
+    compared = run("-m", "memcpy_doctor", "diff", before, after)
+    assert compared.returncode == 0
+    assert re.search(r"GpuMemcpySync\s.*-100\.0%\s+20 -> 0", compared.stdout.decode())

@@ -480,7 +480,7 @@ def _mutated_trace_dicts(draw):
     return data
 
 
-_PROPERTY = settings(max_examples=200, deadline=None,
+_PROPERTY = settings(max_examples=200, deadline=None, database=None,
                      suppress_health_check=[HealthCheck.too_slow])
 
 

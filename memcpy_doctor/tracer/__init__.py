@@ -90,6 +90,10 @@ class Tracer:
         self._sim: SimDevice | None = None
 
     def start(self) -> Tracer:
+        from ..guard import inside_guard
+        if inside_guard():
+            raise RuntimeError("start the memcpy-doctor tracer outside device_guard blocks "
+                               "(a guard opened first would not see the simulated device)")
         with _active_lock:
             if _active:
                 raise RuntimeError("a memcpy-doctor tracer is already running in this process")

@@ -204,8 +204,10 @@ class Collector:
     def _hold(self, t: torch.Tensor, pending: PendingCopy) -> None:
         k = id(t)
         old = self._pending.get(k)
-        if old is not None:
+        if old is not None:  # a second copy into the same tensor before any op read it
             old[1].holders -= 1
+            if old[1].holders == 0 and old[1].agg is None:
+                self._finish(old[1], None)
         self._pending[k] = (weakref.KeyedRef(t, self._drop_pending, k), pending)
         pending.holders += 1
 
