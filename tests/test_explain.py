@@ -175,3 +175,58 @@ def test_compare_shows_the_removed_paths(prog, tmp_path):
     text = render_diff(c, "before.json", "after.json", cwd=str(tmp_path))
     assert "Total time          10             9             -10.0%" in text
     assert "HtoD to      prog.py:6  10 -> 0" in text
+
+
+EMB_SOURCE = textwrap.dedent("""\
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self, vocab):
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, 150)
+
+        def forward(self, ids):
+            return self.emb(ids).sum()
+""")
+
+
+def embedding_trace(path: str, weight_bytes: int) -> Trace:
+    """A weight made at line 7 copied once to the device for the lookup at line 10."""
+    from memcpy_doctor.analysis.costmodel import load_profile
+
+    def at(line):
+        return Site(path, line, "f")
+    init = OpRef("aten::normal_", "cpu", at(7))
+    lookup = OpRef("aten::embedding", "cuda:0", at(10))
+    summed = OpRef("aten::sum", "cuda:0", at(10))
+    copies = [CopyRecord("HtoD", True, False, "to", 1, weight_bytes, 1_000_000, 1_000_000,
+                         at(7), [at(7)], init, lookup, [weight_bytes // 600, 150], "float32"),
+              CopyRecord("DtoH", True, False, "item", 10, 40, 100_000, 0, at(12), [at(12)],
+                         summed, None, [], "float32")]
+    ops = [OpRecord("aten::normal_", "cpu", at(7), 1, 5_000_000, 0, 5_000_000),
+           OpRecord("aten::embedding", "cuda:0", at(10), 10, 50_000, 20_000, 200_000),
+           OpRecord("aten::sum", "cuda:0", at(10), 10, 50_000, 20_000, 100_000)]
+    meta = Meta(device="sim", simulated=True, device_name="GPU",
+                device_profile=load_profile().to_dict(), torch_version="2.13.0",
+                command=["prog.py"])
+    return Trace(meta, summarize(50_000_000, [], copies), [], ops, copies, [])
+
+
+def test_memory_budget_pins_the_weights_where_they_are_made(tmp_path):
+    from memcpy_doctor.analysis.placement_graph import placement_suggestions
+
+    path = tmp_path / "emb.py"
+    path.write_text(EMB_SOURCE)
+    trace = embedding_trace(str(path), 6_000_000_000)
+    free, none = placement_suggestions(trace, None, str(tmp_path))
+    assert free.exact and (str(path), 10) in free.on_device and none == []
+    best, (s,) = placement_suggestions(trace, 4 * 2**30, str(tmp_path))
+    assert best.exact and best.device_bytes <= 4 * 2**30
+    assert (str(path), 10) in best.on_host
+    assert s.rule == "placement" and s.apply["sites"] == [{"file": str(path), "line": 7}]
+    assert "within 4 GiB of device memory" in s.title
+    assert '+        with memcpy_doctor.device_guard("cpu"):' in s.diff
+    assert "+            self.emb = torch.nn.Embedding(vocab, 150)" in s.diff
+    # with room for the weights, nothing needs to move
+    assert placement_suggestions(trace, 80 * 2**30, str(tmp_path))[1] == []
