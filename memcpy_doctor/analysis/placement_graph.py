@@ -78,7 +78,11 @@ def build_graph(trace: Trace) -> Graph:
         cons = _key(c.consumer.site) if c.consumer and c.consumer.site else None
         prod = _key(c.producer.site) if c.producer and c.producer.site else None
         if c.direction == "HtoD" and c.calls == 1 and cons in device and prod is not None:
-            weights[cons] = weights.get(cons, 0) + per_call  # copied once: a weight
+            # copied once: a weight. It takes device memory where it is used, and where it
+            # is made if that runs on the device (it would be made there).
+            weights[cons] = weights.get(cons, 0) + per_call
+            if prod in host:
+                weights[prod] = weights.get(prod, 0) + per_call
             weight_sites[cons] = c.producer.site
         if c.direction == "DtoH" and c.consumer is None and prod in host:
             edges.append(Edge(prod, PYTHON, c.calls * copy_ns(per_call)))
@@ -96,9 +100,11 @@ def build_graph(trace: Trace) -> Graph:
     return Graph(nodes, edges, observed, weight_sites, measured_host)
 
 
-def observed_cost(graph: Graph) -> int:
-    """The objective for the placement the program ran with."""
-    side = {n.key: (DEVICE if n.key in graph.observed_device else HOST) for n in graph.nodes}
+def observed_cost(graph: Graph, to_host: frozenset = frozenset()) -> int:
+    """The objective for the placement the program ran with, with the nodes `to_host` moved
+    to the host."""
+    side = {n.key: (DEVICE if n.key in graph.observed_device and n.key not in to_host
+                    else HOST) for n in graph.nodes}
     cost = sum(n.device_ns if side[n.key] == DEVICE else n.host_ns for n in graph.nodes)
     return cost + sum(e.cost_ns for e in graph.edges if side[e.src] != side[e.dst])
 
@@ -108,8 +114,10 @@ def placement_suggestions(trace: Trace, device_memory_bytes: int | None = None,
     """The best placement of the recorded ops and the device_guard edits that reach it."""
     graph = build_graph(trace)
     best = place(graph.nodes, graph.edges, device_memory_bytes)
-    saving = observed_cost(graph) - best.cost_ns
     to_host = sorted(k for k in graph.observed_device if k in best.on_host)
+    # the saving of the edit proposed (ops moved to the host), not of the whole optimum:
+    # moves of host ops to the device are not proposed
+    saving = observed_cost(graph) - observed_cost(graph, frozenset(to_host))
     suggestions = []
     if to_host and (saving > 0 or device_memory_bytes is not None):
         sites = []
@@ -130,7 +138,8 @@ def placement_suggestions(trace: Trace, device_memory_bytes: int | None = None,
             rule="placement",
             title=f"place the ops at {where} on the host{budget}",
             detail=(f"{best.method}; modeled cost {observed_cost(graph) / 1e6:.4g} ms as run, "
-                    f"{best.cost_ns / 1e6:.4g} ms placed"
+                    f"{(observed_cost(graph) - saving) / 1e6:.4g} ms with this edit, "
+                    f"{best.cost_ns / 1e6:.4g} ms at the optimum"
                     + ("" if graph.measured_host else
                        "; host cost estimated (not measured on a real GPU)")),
             sites=[Site(f, ln, "") for f, ln in sites], removes=removed,
