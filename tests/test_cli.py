@@ -550,3 +550,26 @@ def test_warnings_from_inside_ops_point_at_the_users_line(tmp_path):
     assert warning and warning[0].startswith(f"{script}:{line_of(script, 'z = float(y)')}:")
     assert warning[0] in profiled.err.splitlines()
     assert "memcpy_doctor" not in profiled.err.split("Profiling Report")[0]
+
+
+def test_explain_and_diff_usage_errors_are_one_line(tmp_path):
+    script = write(tmp_path / "s.py", """
+        import torch
+        t = torch.ones(3, device="cuda")
+        for _ in range(3):
+            t.sum().item()
+    """)
+    assert profile(script.name, cwd=tmp_path).status == 0
+    # without TRACE, explain reads the default path: not written here (-o trace.json)
+    missing = run_cli("explain", cwd=tmp_path)
+    assert missing.status == 2 and "memcpy_doctor_trace.json" in missing.err
+    good = run_cli("explain", "trace.json", "--format", "markdown", cwd=tmp_path)
+    assert good.status == 0 and "## Copies the host waited for" in good.text
+    assert "read once after the loop instead of 3 times at s.py:4" in good.text
+    for args in (("explain", "trace.json", "--device-memory", "lots"),
+                 ("explain", "nope.json"),
+                 ("diff", "trace.json", "nope.json")):
+        bad = run_cli(*args, cwd=tmp_path)
+        lines = bad.err.strip().splitlines()
+        assert bad.status == 2 and len(lines) == 1, (args, bad.err)
+        assert lines[0].startswith("memcpy-doctor: error:") and "Traceback" not in bad.err
