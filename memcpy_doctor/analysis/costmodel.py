@@ -88,6 +88,13 @@ def load_profile(name_or_path: str | None = None) -> DeviceProfile:
     return DeviceProfile.from_dict(json.loads(text))
 
 
+def profile_of(trace: Any) -> DeviceProfile:
+    """The device profile a trace was modeled with; the default one for a real GPU's trace
+    (used only to price changes the trace did not measure)."""
+    profile = trace.meta.device_profile
+    return DeviceProfile.from_dict(profile) if profile else load_profile()
+
+
 def available_profiles() -> list[str]:
     root = resources.files("memcpy_doctor.profiles")
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
+
+from ..paths import short_path
 
 GUARD_IMPORT = "import memcpy_doctor"
 
@@ -52,13 +53,6 @@ def guard_diff(path: str, lines: list[int], device: str, cwd: str | None = None)
         new.insert(at, GUARD_IMPORT + "\n")
     shown = short_path(path, cwd)
     return "".join(difflib.unified_diff(old, new, fromfile=f"a/{shown}", tofile=f"b/{shown}"))
-
-
-def short_path(path: str, cwd: str | None) -> str:
-    """`path` relative to `cwd` when it lies below it, else as it is."""
-    if cwd and path.startswith(cwd.rstrip(os.sep) + os.sep):
-        return os.path.relpath(path, cwd)
-    return path
 
 
 def _import_position(tree: ast.Module) -> int:

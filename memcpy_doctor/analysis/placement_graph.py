@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..trace import Site, Trace
-from .costmodel import DeviceProfile
+from .costmodel import profile_of
 from .placement import DEVICE, HOST, Edge, Node, Placement, place
-from .edits import guard_diff, short_path
+from ..paths import short_path
+from .edits import guard_diff
 from .rules import Suggestion
 
 PYTHON = ("<python>", 0)
@@ -47,8 +48,7 @@ class Graph:
 
 
 def build_graph(trace: Trace) -> Graph:
-    profile = DeviceProfile.from_dict(trace.meta.device_profile) if trace.meta.device_profile \
-        else None
+    profile = profile_of(trace)
     measured_host = trace.meta.simulated
     host: dict[tuple, int] = {}
     device: dict[tuple, int] = {}
@@ -57,7 +57,7 @@ def build_graph(trace: Trace) -> Graph:
         if op.site is None:
             continue
         k = _key(op.site)
-        launch = op.calls * (profile.launch_ns if profile else 5000)
+        launch = op.calls * profile.launch_ns
         if op.device != "cpu":
             observed.add(k)
             device[k] = device.get(k, 0) + op.host_ns + op.device_ns
@@ -66,13 +66,14 @@ def build_graph(trace: Trace) -> Graph:
         else:
             host[k] = host.get(k, 0) + op.run_ns
             per_call = (profile.kernel_ns(op.flops / op.calls, op.bytes / op.calls, "float32")
-                        if profile and op.calls else 0)
+                        if op.calls else 0)
             device[k] = device.get(k, 0) + launch + per_call * op.calls
     weights: dict[tuple, int] = {}
     weight_sites: dict[tuple, Site] = {}
     edges = []
-    copy_ns = (lambda n: profile.copy_ns("HtoD", n, False) + profile.sync_ns + profile.launch_ns) \
-        if profile else (lambda n: 10_000 + n // 10)
+
+    def copy_ns(nbytes: int) -> int:  # a sync copy: launch, transfer, host wake-up
+        return profile.copy_ns("HtoD", nbytes, False) + profile.sync_ns + profile.launch_ns
     for c in trace.copies:
         per_call = c.bytes // max(c.calls, 1)
         cons = _key(c.consumer.site) if c.consumer and c.consumer.site else None

@@ -18,7 +18,9 @@ from typing import Any, ClassVar
 
 from ..trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation
-from .edits import guard_diff, short_path
+from .costmodel import profile_of
+from ..paths import short_path
+from .edits import guard_diff
 
 
 @dataclass
@@ -160,8 +162,7 @@ def _where(site: Site, cwd: str | None) -> str:
 
 
 def _launch_ns(trace: Trace) -> int:
-    profile = trace.meta.device_profile or {}
-    return int(profile.get("launch_ns", 5000))
+    return profile_of(trace).launch_ns
 
 
 def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 from ..analysis.attribution import Chain, End, Explanation
 from ..analysis.rules import Suggestion
 from ..trace import CopyRecord, Trace, TransferRecord
-from .text import format_ref, format_site, short_path
+from .text import format_ref, format_site
 
 FORMATS = ("text", "json", "markdown")
 
@@ -166,4 +166,4 @@ def render_log(trace: Trace, cwd: str | None = None) -> str:
 
 
 __all__ = ["FORMATS", "render_explain_text", "render_explain_json", "render_explain_markdown",
-           "render_log", "short_path"]
+           "render_log"]

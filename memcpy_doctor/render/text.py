@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from tabulate import tabulate
 
 from ..defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
+from ..paths import short_path
 from ..trace import CopyRecord, EventRow, OpRef, Site, Trace
 
 _RULE = "-" * 25
@@ -24,18 +23,6 @@ def _banner(title: str) -> str:
 
 def _pct(part: int, whole: int) -> str:
     return f"{(part / whole * 100 if whole else 0.0):.6g}%"
-
-
-def short_path(path: str, cwd: str | None = None) -> str:
-    """A path relative to the working directory when it lies below it."""
-    cwd = cwd or os.getcwd()
-    if path.startswith("<"):
-        return path
-    try:
-        rel = os.path.relpath(path, cwd)
-    except ValueError:  # another drive on Windows
-        return path
-    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
 def format_site(site: Site | None, cwd: str | None = None) -> str:
