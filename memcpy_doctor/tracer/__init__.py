@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import ExitStack
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,6 +24,7 @@ from ..analysis.summary import summarize
 from ..defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
 from ..trace import Meta, Trace
 from . import sim as _sim
+from .collector import CopyEvent
 from .cuda import CudaTimer, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .simdevice import SimDevice
@@ -151,6 +152,17 @@ class Tracer:
         state.collector.finish()
         self.trace = self._build(state, end_ns)
         return self.trace
+
+    def add_copy_listener(self, listener: Callable[[CopyEvent], None]) -> None:
+        """Call `listener(event)` for every copy from now until it is removed or the tracer
+        stops; what it raises reaches the program at the copy's line."""
+        if self._state is None or self._stack is None:
+            raise RuntimeError("the tracer is not running")
+        self._state.collector.listeners.append(listener)
+
+    def remove_copy_listener(self, listener: Callable[[CopyEvent], None]) -> None:
+        if self._state is not None and listener in self._state.collector.listeners:
+            self._state.collector.listeners.remove(listener)
 
     def __enter__(self) -> Tracer:
         return self.start()

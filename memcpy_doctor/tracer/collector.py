@@ -7,6 +7,8 @@ the tensor's id, with a weak reference that removes the entry when the tensor is
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -109,11 +111,29 @@ def copy_event_name(direction: str, sync: bool) -> str:
     return f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
 
 
+@dataclass(frozen=True)
+class CopyEvent:
+    """One copy, as listeners (transfer_guard, the pytest plugin) see it when it happens."""
+
+    direction: str
+    sync: bool
+    pinned: bool | None
+    trigger: str
+    nbytes: int
+    site: Site | None
+    producer: OpRef | None
+    shape: list[int] | None
+    dtype: str | None
+
+
 class Collector:
     """The aggregated record of one traced run."""
 
     def __init__(self, log_transfers: int = 0) -> None:
         self.log_limit = log_transfers
+        #: called with each CopyEvent as it is recorded; an exception a listener raises
+        #: reaches the program at the line that made the copy
+        self.listeners: list[Callable[[CopyEvent], None]] = []
         self.events: dict[str, EventAgg] = {}
         self.ops: dict[tuple[str, str, Site | None], OpAgg] = {}
         self.copies: dict[tuple, CopyAgg] = {}
@@ -181,6 +201,11 @@ class Collector:
              stack: list[Site], producer: OpRef | None, dst: torch.Tensor | None,
              shape: list[int] | None = None, dtype: str | None = None) -> PendingCopy:
         """Record one copy. With `dst`, it waits for the first op that reads dst."""
+        if self.listeners:
+            note = CopyEvent(direction, sync, pinned, trigger, nbytes, site, producer, shape,
+                             dtype)
+            for listener in list(self.listeners):
+                listener(note)
         event = self.events.get(copy_event_name(direction, sync))
         if event is None:
             event = self.events[copy_event_name(direction, sync)] = EventAgg()

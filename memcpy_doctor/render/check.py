@@ -1,0 +1,68 @@
+"""`memcpy-doctor check` output as text and JSON (other formats: github, sarif, junit)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..analysis.gates import CheckResult, PathFinding, format_value
+from .text import format_ref
+
+
+def _finding_line(f: PathFinding, cwd: str | None) -> str:
+    c = f.copy
+    grown = f" (was {f.baseline_calls} calls)" if f.status == "grown" else ""
+    return (f"{f.key}: {f.status} {c.direction} sync copy `{c.trigger}`, {c.calls} calls"
+            f"{grown}, {c.bytes} B; {format_ref(c.producer, cwd)} -> "
+            f"{format_ref(c.consumer, cwd)}")
+
+
+def finding_message(f: PathFinding, cwd: str | None = None) -> str:
+    """One line naming the copy path, its change and producer -> consumer (used by every
+    format, and by the pytest plugin)."""
+    return _finding_line(f, cwd)
+
+
+def render_check_text(result: CheckResult, cwd: str | None = None) -> str:
+    lines = []
+    for g in result.gates:
+        status = "ok  " if g.passed else "FAIL"
+        base = (f", baseline {format_value(g.kind, g.baseline)}"
+                if g.baseline is not None else "")
+        limit = f", max {format_value(g.kind, g.limit)}" if g.limit is not None else ""
+        better = "  (improved)" if g.improved else ""
+        why = f"  <- {g.reason}" if g.reason else ""
+        lines.append(f"{status} {g.metric} = {format_value(g.kind, g.value)}{limit}{base}"
+                     f"{better}{why}")
+    if result.findings:
+        lines += ["", "Copy paths to fix:"]
+        lines += [f"  {finding_message(f, cwd)}" for f in result.findings]
+    if result.allowed_paths:
+        lines.append(f"\n{result.allowed_paths} allow-listed copy paths not counted")
+    failed = sum(not g.passed for g in result.gates)
+    lines.append("")
+    lines.append(f"memcpy-doctor check: {'passed' if result.passed else 'FAILED'} "
+                 f"({len(result.gates) - failed} passed, {failed} failed"
+                 f"{'; simulated GPU' if result.simulated else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def check_dict(result: CheckResult) -> dict[str, Any]:
+    def site(c):
+        return None if c.site is None else {"file": c.site.file, "line": c.site.line,
+                                            "function": c.site.function}
+    return {
+        "passed": result.passed, "simulated": result.simulated,
+        "allowed_paths": result.allowed_paths,
+        "gates": [{"metric": g.metric, "kind": g.kind, "value": g.value, "limit": g.limit,
+                   "baseline": g.baseline, "tolerance": g.tolerance, "passed": g.passed,
+                   "improved": g.improved, "reason": g.reason} for g in result.gates],
+        "findings": [{"status": f.status, "key": f.key, "baseline_calls": f.baseline_calls,
+                      "direction": f.copy.direction, "trigger": f.copy.trigger,
+                      "calls": f.copy.calls, "bytes": f.copy.bytes, "site": site(f.copy),
+                      "message": finding_message(f)} for f in result.findings],
+    }
+
+
+def render_check_json(result: CheckResult) -> str:
+    return json.dumps(check_dict(result), indent=1) + "\n"
