@@ -1,7 +1,8 @@
 """The `memcpy-doctor` command: a thin layer over the runner, the trace and the renderers.
 
-Exit status: the profiled script's own for `profile`; 2 for a usage error (bad option, missing
-file, unreadable trace) with one line on stderr; 130 after Ctrl-C.
+Exit status: the profiled script's own for `profile` (1 when it succeeded but a --gate failed);
+for `check`, 0 passed and 1 a gate failed; 2 for a usage error (bad option, missing file,
+unreadable trace) with one line on stderr; 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import click
 from . import __version__
 from .analysis.costmodel import ProfileError
 from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
-                       DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_USAGE, SORT_KEYS)
+                       DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
+                       SORT_KEYS)
 from .render.text import render_text
 from .runner import format_exception, run_script
 from .analysis.attribution import explain as explain_trace
+from .analysis.gates import GateError, check
 from .apply import ApplyError, load_edits
+from .config import GateConfig, load_config, merge
+from .render.check import render_check_json, render_check_text
 from .analysis.compare import compare
 from .analysis.placement import parse_bytes
 from .analysis.rules import suggest
@@ -39,6 +44,55 @@ def cli() -> None:
     """Find the copies between host and GPU that stall a PyTorch program."""
 
 
+CHECK_FORMATS = ("text", "json", "github", "sarif", "junit")
+
+
+def _gate_options(f):
+    """The options `check` and `profile` share."""
+    for option in reversed([
+        click.option("--max", "limits", metavar="NAME=VALUE", multiple=True,
+                     help="Fail when a metric exceeds VALUE (sync_calls=0, memcpy_ratio=5%, "
+                          "bytes_htod=10MiB, sync_time=2ms); repeatable."),
+        click.option("--baseline", metavar="BASE.json", default=None,
+                     help="Fail when a count or bytes metric grew against this trace."),
+        click.option("--tolerance", "tolerances", metavar="[NAME=]PCT", multiple=True,
+                     help="Growth allowed against the baseline (10%, or sync_calls=0%)."),
+        click.option("--allow", metavar="PATH[:LINE]|GLOB", multiple=True,
+                     help="Copy sites not counted; repeatable."),
+        click.option("--config", "config_path", metavar="PYPROJECT", default=None,
+                     help="Read [tool.memcpy-doctor] from this file (default: the nearest "
+                          "pyproject.toml)."),
+    ]):
+        f = option(f)
+    return f
+
+
+def _gate_config(limits, tolerances, allow, baseline, config_path) -> GateConfig:
+    try:
+        return merge(load_config(os.getcwd(), config_path), limits, tolerances, allow,
+                     baseline)
+    except GateError as e:
+        raise UsageProblem(str(e)) from None
+
+
+def _run_gates(trace: Trace, config: GateConfig, fmt: str) -> tuple[bool, str]:
+    """(passed, output in `fmt`)."""
+    base = _load(config.baseline) if config.baseline else None
+    result = check(trace, config.limits, base, config.tolerance, config.allow, config.root)
+    if fmt == "json":
+        return result.passed, render_check_json(result)
+    if fmt == "github":
+        from .render.github import render_github
+        return result.passed, render_github(result, config.root)
+    if fmt == "sarif":
+        from .render.sarif import render_sarif
+        return result.passed, render_sarif(result, config.root)
+    if fmt == "junit":
+        from .render.junit import render_junit
+        return result.passed, render_junit(result, config.root)
+    return result.passed, render_check_text(result, config.root)
+
+
 @cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default=DEFAULT_DEVICE,
               show_default=True,
@@ -55,13 +109,28 @@ def cli() -> None:
 @click.option("--apply", "apply_path", metavar="SUGGESTIONS.json", default=None,
               help="Apply the device_guard edits of `explain --format json` in memory "
                    "(the file is not changed) and profile that.")
+@click.option("--gate", is_flag=True,
+              help="Check the trace after the run (with --max/--baseline/--allow or "
+                   "[tool.memcpy-doctor]); exit 1 if a gate fails.")
+@_gate_options
+@click.option("--gate-format", type=click.Choice(CHECK_FORMATS), default="text",
+              show_default=True, help="Format of the gate result (printed to stdout).")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
-            log_transfers: int, apply_path: str | None, script: str,
+            log_transfers: int, apply_path: str | None, gate: bool, limits, baseline,
+            tolerances, allow, config_path, gate_format: str, script: str,
             args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
     (to stderr) and write the trace. Options after SCRIPT belong to the script."""
+    gating = gate or bool(limits or baseline)
+    config = (_gate_config(limits, tolerances, allow, baseline, config_path) if gating
+              else None)
+    if config is not None and not config.active:
+        raise UsageProblem("--gate: nothing to check: give --max NAME=VALUE or --baseline, or "
+                           "set [tool.memcpy-doctor] in pyproject.toml")
+    if config is not None and config.baseline:
+        _load(config.baseline)  # an unreadable baseline is a usage error, before the run
     out_path = os.path.abspath(output)  # taken now: the script may change directory
     out_dir = os.path.dirname(out_path)
     if not os.path.isdir(out_dir):
@@ -97,7 +166,13 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}", err=True)
         sys.exit(EXIT_USAGE)
     click.echo(f"memcpy-doctor: trace written to {output}", err=True)
-    sys.exit(result.exit_status)
+    status = result.exit_status
+    if config is not None:
+        passed, text = _run_gates(result.trace, config, gate_format)
+        click.echo(text, nl=False)
+        if not passed and status == 0:
+            status = EXIT_GATE_FAILED
+    sys.exit(status)
 
 
 @cli.command()
@@ -157,6 +232,37 @@ def diff(before: str, after: str) -> None:
     """Compare two saved traces: total time, each memcpy line, the event rows and the sync
     copy paths that changed."""
     click.echo(render_diff(compare(_load(before), _load(after)), before, after, os.getcwd()))
+
+
+@cli.command(name="check")
+@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE_PATH)
+@_gate_options
+@click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="text",
+              show_default=True, help="Output format (github: workflow annotations).")
+@click.option("-o", "--output", metavar="PATH", default=None,
+              help="Write the result here instead of stdout.")
+def check_cmd(trace: str, limits, baseline, tolerances, allow, config_path, fmt: str,
+              output: str | None) -> None:
+    """Gate a saved TRACE: thresholds (--max, [tool.memcpy-doctor]) and a baseline.
+    Exit status 0: passed; 1: a gate failed; 2: usage error or unreadable input."""
+    config = _gate_config(limits, tolerances, allow, baseline, config_path)
+    if not config.active:
+        raise UsageProblem("nothing to check: give --max NAME=VALUE or --baseline, or set "
+                           "[tool.memcpy-doctor] in pyproject.toml")
+    passed, text = _run_gates(_load(trace), config, fmt)
+    _emit(text, output)
+    sys.exit(0 if passed else EXIT_GATE_FAILED)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageProblem(f"-o {output}: {e.strerror or e}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

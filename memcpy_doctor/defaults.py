@@ -35,4 +35,5 @@ PRINT_EDGEITEMS = 3
 
 #: Exit status for usage errors (click's own convention) and for an interrupted run.
 EXIT_USAGE = 2
+EXIT_GATE_FAILED = 1
 EXIT_INTERRUPTED = 130

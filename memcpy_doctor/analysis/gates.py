@@ -250,23 +250,32 @@ def _findings(result: CheckResult, copies: list[CopyRecord], base: list[CopyReco
     mine: dict[tuple, list[CopyRecord]] = {}
     for c in copies:
         if c.sync:
-            mine.setdefault((c.direction, c.trigger, site_key(c, root)), []).append(c)
+            mine.setdefault(path_identity(c, root), []).append(c)
     if has_baseline:
         before: dict[tuple, int] = {}
         for c in base:
             if c.sync:
-                k = (c.direction, c.trigger, site_key(c, root))
+                k = path_identity(c, root)
                 before[k] = before.get(k, 0) + c.calls
         out = []
         for k, recs in mine.items():
             calls = sum(c.calls for c in recs)
             top = max(recs, key=lambda c: c.calls)
             if k not in before:
-                out.append(PathFinding("new", top, k[2]))
+                out.append(PathFinding("new", top, site_key(top, root)))
             elif calls > before[k]:
-                out.append(PathFinding("grown", top, k[2], before[k]))
+                out.append(PathFinding("grown", top, site_key(top, root), before[k]))
         if out:
             return sorted(out, key=lambda f: (f.status != "new", -f.copy.calls, f.key))
-    return sorted((PathFinding("over", max(recs, key=lambda c: c.calls), k[2])
-                   for k, recs in mine.items()),
+    return sorted((PathFinding("over", max(recs, key=lambda c: c.calls),
+                               site_key(max(recs, key=lambda c: c.calls), root))
+                   for recs in mine.values()),
                   key=lambda f: (-f.copy.time_ns, f.key))
+
+
+def path_identity(c: CopyRecord, root: str) -> tuple:
+    """What makes a copy path the same one in a baseline and a new trace: not its line, which
+    moves when code is added above it, but its kind, file, function and producer op."""
+    file = site_key(c, root).rsplit(":", 1)[0]
+    return (c.direction, c.trigger, file, c.site.function if c.site else None,
+            c.producer.op if c.producer else None)
