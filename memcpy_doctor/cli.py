@@ -16,7 +16,7 @@ from . import __version__
 from .analysis.costmodel import ProfileError
 from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
                        DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
-                       SORT_KEYS)
+                       SORT_KEYS, CHROME_EVENTS)
 from .render.text import render_text
 from .runner import format_exception, run_script
 from .analysis.attribution import explain as explain_trace
@@ -24,6 +24,7 @@ from .analysis.gates import GateError, check
 from .apply import ApplyError, load_edits
 from .config import GateConfig, load_config, merge
 from .render.check import render_check_json, render_check_text
+from .render.chrome import render_chrome
 from .analysis.compare import compare
 from .analysis.placement import parse_bytes
 from .analysis.rules import suggest
@@ -109,6 +110,8 @@ def _run_gates(trace: Trace, config: GateConfig, fmt: str) -> tuple[bool, str]:
 @click.option("--apply", "apply_path", metavar="SUGGESTIONS.json", default=None,
               help="Apply the device_guard edits of `explain --format json` in memory "
                    "(the file is not changed) and profile that.")
+@click.option("--chrome-trace", metavar="PATH", default=None,
+              help="Also write the timeline (Chrome trace format, for Perfetto).")
 @click.option("--gate", is_flag=True,
               help="Check the trace after the run (with --max/--baseline/--allow or "
                    "[tool.memcpy-doctor]); exit 1 if a gate fails.")
@@ -118,7 +121,8 @@ def _run_gates(trace: Trace, config: GateConfig, fmt: str) -> tuple[bool, str]:
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
-            log_transfers: int, apply_path: str | None, gate: bool, limits, baseline,
+            log_transfers: int, apply_path: str | None, chrome_trace: str | None,
+            gate: bool, limits, baseline,
             tolerances, allow, config_path, gate_format: str, script: str,
             args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
@@ -138,7 +142,8 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     try:
         tracer = Tracer(device=device, profile=device_profile,
                         command=["memcpy-doctor", "profile", script, *args],
-                        log_transfers=log_transfers)
+                        log_transfers=log_transfers,
+                        timeline_events=CHROME_EVENTS if chrome_trace else 0)
     except ProfileError as e:
         raise UsageProblem(str(e)) from None
     try:
@@ -166,6 +171,10 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}", err=True)
         sys.exit(EXIT_USAGE)
     click.echo(f"memcpy-doctor: trace written to {output}", err=True)
+    if chrome_trace and tracer.chrome is not None:
+        _emit(render_chrome(tracer.chrome, result.trace.meta.device_name,
+                            result.trace.meta.simulated), chrome_trace)
+        click.echo(f"memcpy-doctor: timeline written to {chrome_trace}", err=True)
     status = result.exit_status
     if config is not None:
         passed, text = _run_gates(result.trace, config, gate_format)

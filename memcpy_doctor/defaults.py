@@ -22,6 +22,9 @@ DEFAULT_DEVICE_PROFILE = "a100-sxm4-80gb"
 #: run, so it is asked for, and capped at N (the rest are counted).
 DEFAULT_TRANSFER_LOG = 0
 
+#: Events kept on the timeline `profile --chrome-trace` writes (the rest are counted).
+CHROME_EVENTS = 200_000
+
 #: Most user frames kept in a copy record's stack.
 MAX_STACK_FRAMES = 16
 

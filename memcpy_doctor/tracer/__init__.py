@@ -24,6 +24,7 @@ from ..analysis.summary import summarize
 from ..defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
 from ..trace import Meta, Trace
 from . import sim as _sim
+from .chrome import ChromeLog
 from .collector import CopyEvent
 from .cuda import CudaTimer, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
@@ -77,9 +78,12 @@ class Tracer:
 
     def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
                  command: list[str] | None = None,
-                 log_transfers: int = DEFAULT_TRANSFER_LOG) -> None:
-        """`log_transfers`: keep the first N copies, in order, in the trace (explain --log)."""
+                 log_transfers: int = DEFAULT_TRANSFER_LOG, timeline_events: int = 0) -> None:
+        """`log_transfers`: keep the first N copies, in order, in the trace (explain --log);
+        `timeline_events`: keep the first N events on a timeline (`chrome` after stop)."""
         self.log_transfers = log_transfers
+        self.timeline_events = timeline_events
+        self.chrome: ChromeLog | None = None
         self.requested_device = device
         self.profile = profile if isinstance(profile, DeviceProfile) else load_profile(profile)
         self.command = list(command) if command is not None else list(sys.argv)
@@ -119,6 +123,9 @@ class Tracer:
                 handlers = real_gpu_handlers(state)
                 stack.enter_context(_Patch(wait_patches(state)))
             self._state = state
+            if self.timeline_events:
+                self.chrome = state.collector.chrome = ChromeLog(self.timeline_events,
+                                                                 self._clock(state))
             stack.callback(setattr, state, "suspended", True)
             stack.enter_context(FunctionMode(state, handlers))
             stack.enter_context(DispatchMode(state))
@@ -134,6 +141,12 @@ class Tracer:
         self._start_ns = perf_counter_ns()
         state.last_exit = self._start_ns
         return self
+
+    def _clock(self, state: TraceState) -> Any:
+        timeline = state.timeline
+        if timeline is not None:
+            return lambda: (timeline.host_ns, timeline.device_ns)
+        return lambda: (perf_counter_ns() - self._start_ns, None)
 
     def stop(self) -> Trace:
         """Stop tracing (modes and patches undone) and build the trace."""

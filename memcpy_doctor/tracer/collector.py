@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .chrome import ChromeLog
 from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
                      TransferRecord, WaitRecord)
 
@@ -80,7 +81,7 @@ class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
     __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
-                 "event", "holders", "logged")
+                 "event", "holders", "logged", "chrome_event")
 
     def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
@@ -96,6 +97,7 @@ class PendingCopy:
         self.event = event
         self.holders = 0  # live tensors holding the destination (see rebind) awaiting a reader
         self.logged: TransferRecord | None = None  # its entry in the transfer log, if any
+        self.chrome_event: int | None = None  # its event on the chrome timeline, if any
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU async copies)."""
@@ -134,6 +136,7 @@ class Collector:
         #: called with each CopyEvent as it is recorded; an exception a listener raises
         #: reaches the program at the line that made the copy
         self.listeners: list[Callable[[CopyEvent], None]] = []
+        self.chrome: ChromeLog | None = None  # the timeline, when profile --chrome-trace
         self.events: dict[str, EventAgg] = {}
         self.ops: dict[tuple[str, str, Site | None], OpAgg] = {}
         self.copies: dict[tuple, CopyAgg] = {}
@@ -155,8 +158,7 @@ class Collector:
             agg = self.ops[key] = OpAgg(OpRef(name, device, site), event)
         return agg
 
-    @staticmethod
-    def add_op(agg: OpAgg, host_ns: int, device_ns: int, run_ns: int, flops: int,
+    def add_op(self, agg: OpAgg, host_ns: int, device_ns: int, run_ns: int, flops: int,
                nbytes: int) -> None:
         agg.calls += 1
         agg.host_ns += host_ns
@@ -165,6 +167,12 @@ class Collector:
         agg.flops += flops
         agg.bytes += nbytes
         agg.event.add(host_ns, device_ns)
+        if self.chrome is not None:
+            ref = agg.ref
+            idx = self.chrome.add("op", ref.op, host_ns, device_ns,
+                                  {"device": ref.device, "site": str(ref.site)})
+            if idx is not None:
+                self.chrome.last_of[id(ref)] = idx
 
     def flow(self, producer: OpRef, consumer: OpRef, nbytes: int) -> None:
         """`consumer` read a tensor `producer` made: an edge of the op graph."""
@@ -212,6 +220,12 @@ class Collector:
         event.add(host_ns, device_ns)
         key = (direction, sync, pinned, trigger, site, producer)
         pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event)
+        if self.chrome is not None:
+            pending.chrome_event = self.chrome.add(
+                "memcpy", copy_event_name(direction, sync), host_ns, device_ns,
+                {"bytes": nbytes, "trigger": trigger, "site": str(site)})
+            if producer is not None:
+                self.chrome.flow(self.chrome.last_of.get(id(producer)), pending.chrome_event)
         if len(self.transfers) < self.log_limit:
             pending.logged = TransferRecord(
                 seq=len(self.transfers) + self.transfers_dropped, direction=direction,
@@ -278,6 +292,8 @@ class Collector:
     def _finish(self, p: PendingCopy, consumer: OpRef | None) -> None:
         if p.logged is not None:
             p.logged.consumer = consumer
+        if self.chrome is not None and consumer is not None:
+            self.chrome.flow(p.chrome_event, self.chrome.last_of.get(id(consumer)))
         key = p.key + (consumer,)
         agg = self.copies.get(key)
         if agg is None:
@@ -299,6 +315,8 @@ class Collector:
         if event is None:
             event = self.events[f"HostWait:{kind}"] = EventAgg()
         event.add(wait_ns, 0)
+        if self.chrome is not None:
+            self.chrome.add("wait", f"HostWait:{kind}", wait_ns, 0, {"site": str(site)})
 
     # ----- results -----
     def finish(self) -> None:
