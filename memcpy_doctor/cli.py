@@ -87,7 +87,9 @@ def _run_gates(trace: Trace, config: GateConfig, fmt: str) -> tuple[bool, str]:
         return result.passed, render_github(result, config.root)
     if fmt == "sarif":
         from .render.sarif import render_sarif
-        return result.passed, render_sarif(result, config.root)
+        anchor = (os.path.relpath(config.source, config.root) if config.source
+                  else "pyproject.toml")
+        return result.passed, render_sarif(result, config.root, anchor=anchor)
     if fmt == "junit":
         from .render.junit import render_junit
         return result.passed, render_junit(result, config.root)

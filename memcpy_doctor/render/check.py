@@ -39,12 +39,16 @@ def render_check_text(result: CheckResult, cwd: str | None = None) -> str:
         lines += [f"  {finding_message(f, cwd)}" for f in result.findings]
     if result.allowed_paths:
         lines.append(f"\n{result.allowed_paths} allow-listed copy paths not counted")
-    failed = sum(not g.passed for g in result.gates)
-    lines.append("")
-    lines.append(f"memcpy-doctor check: {'passed' if result.passed else 'FAILED'} "
-                 f"({len(result.gates) - failed} passed, {failed} failed"
-                 f"{'; simulated GPU' if result.simulated else ''})")
+    lines += ["", summary_line(result)]
     return "\n".join(lines) + "\n"
+
+
+def summary_line(result: CheckResult) -> str:
+    """The verdict, worded as the text format's last line."""
+    failed = sum(not g.passed for g in result.gates)
+    return (f"memcpy-doctor check: {'passed' if result.passed else 'FAILED'} "
+            f"({len(result.gates) - failed} passed, {failed} failed"
+            f"{'; simulated GPU' if result.simulated else ''})")
 
 
 def check_dict(result: CheckResult) -> dict[str, Any]:
