@@ -127,7 +127,9 @@ class TraceState:
         else:
             dev_in = [t.is_cuda for t in ins]
             any_dev = True in dev_in
-            if any_dev and info.short in ("_to_copy", "copy_"):
+            if info.short in ("_to_copy", "copy_") and (any_dev or
+                                                        _names_cuda(kwargs.get("device"))):
+                # .to("cuda") of a host tensor has no device input: its target says it
                 copied = self._real_copy(info, func, args, kwargs)
                 if copied is not None:
                     return copied[0]
@@ -193,6 +195,8 @@ class TraceState:
                 producer = col.producer_of(ins[0]) or producer
             for o in outs:
                 col.set_producer(o, producer)
+        elif mark is not None:
+            timer.cancel(mark)  # the op is a copy: its time is the copy's
 
         if any_dev:
             if sync is not None and dev_in[0]:
