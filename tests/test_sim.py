@@ -165,3 +165,35 @@ def test_modeled_times_follow_the_profile():
     # the host waited at least for the matmul to finish
     assert read.host_ns >= expect_mm - profile["launch_ns"] - 10 * profile["launch_ns"]
     assert trace.meta.simulated and trace.meta.device == "sim"
+
+
+def test_dataloader_workers_and_pin_memory_thread():
+    """The pin-memory thread runs outside the tracer's thread-local modes; it must still pin
+    (the simulated way) so the program runs as on a GPU."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    expected = sum(float(x.sum()) for x, _ in DataLoader(data, batch_size=16))
+    with memcpy_doctor.profiler(device="sim") as prof:
+        total = 0.0
+        for x, _ in DataLoader(data, batch_size=16, num_workers=2, pin_memory=True):
+            assert x.is_pinned()
+            total += float(x.to("cuda", non_blocking=True).sum())
+    assert total == expected
+    htod = [c for c in prof.trace.copies if c.direction == "HtoD"]
+    assert [(c.sync, c.pinned, c.calls) for c in htod] == [(False, True, 4)]
+
+
+def test_threads_started_during_the_run_are_reported_as_untraced():
+    import threading
+
+    with memcpy_doctor.profiler(device="sim") as prof:
+        worker = threading.Thread(target=lambda: torch.ones(2) * 2, name="prefetch")
+        worker.start()
+        worker.join()
+    assert prof.trace.meta.untraced == [
+        "ops in other threads: 1 thread(s) started during the run (prefetch) ran outside the "
+        "tracer (its modes are per thread)"]
+    assert "Not traced: ops in other threads" in prof.report()
+    assert threading.Thread.start.__name__ == "start" and threading.Thread.start.__module__ == "threading"

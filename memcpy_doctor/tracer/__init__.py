@@ -117,12 +117,15 @@ class Tracer:
                 stack.enter_context(_Patch(
                     [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]
                     + [(torch.accelerator, k, v)
-                       for k, v in _sim.accelerator_patches(sim).items()]))
+                       for k, v in _sim.accelerator_patches(sim).items()]
+                    + [_sim.pin_memory_patch(sim)]))
             else:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
                 handlers = real_gpu_handlers(state)
                 stack.enter_context(_Patch(wait_patches(state)))
             self._state = state
+            stack.enter_context(_Patch([(threading.Thread, "start",
+                                         _counting_start(state.untraced_threads))]))
             if self.timeline_events:
                 self.chrome = state.collector.chrome = ChromeLog(self.timeline_events,
                                                                  self._clock(state))
@@ -200,12 +203,28 @@ class Tracer:
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
             memcpy_doctor_version=_version(), untraced=sorted(state.untraced))
+        if state.untraced_threads:
+            names = ", ".join(sorted(set(state.untraced_threads))[:5])
+            meta.untraced.append(
+                f"ops in other threads: {len(state.untraced_threads)} thread(s) started during "
+                f"the run ({names}) ran outside the tracer (its modes are per thread)")
         if col.transfers_dropped:
             meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
                                  f"first {len(col.transfers)} are counted but not logged")
         return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
                      ops=col.op_records(), copies=copies, waits=col.wait_records(),
                      flows=col.flow_records(), transfers=list(col.transfers))
+
+
+def _counting_start(started: list[str]) -> Any:
+    """Thread.start, noting each thread: its ops run outside the tracer's modes."""
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        original(self)
+
+    return start
 
 
 def _version() -> str:

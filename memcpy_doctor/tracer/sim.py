@@ -242,6 +242,8 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "Stream": SimStream,
         "Event": SimEvent,
         "current_stream": lambda device=None: _DEFAULT_STREAM,
+        "set_device_index": _check_device,
+        "set_device_idx": _check_device,
         "default_stream": lambda device=None: _DEFAULT_STREAM,
         "stream": stream,
         "set_stream": lambda s: None,
@@ -259,7 +261,24 @@ def accelerator_patches(sim: Any) -> dict[str, Any]:
         "current_device_index": lambda: 0,
         "current_device_idx": lambda: 0,
         "current_stream": lambda device=None: _DEFAULT_STREAM,
+        "set_device_index": _check_device,
+        "set_device_idx": _check_device,
         "synchronize": lambda device=None: sim.host_wait("synchronize"),
         "memory_allocated": lambda device=None: sim.cuda_marks.allocated,
         "max_memory_allocated": lambda device=None: sim.cuda_marks.peak,
     }
+
+
+def pin_memory_patch(sim: Any) -> Any:
+    """DataLoader's pin-memory thread pins batches outside the tracer's (thread-local) modes,
+    where a CPU-only torch cannot pin: pin them the simulated way there too."""
+    from torch.utils.data._utils import pin_memory as module
+
+    original = module.pin_memory
+
+    def pin_memory(data: Any, device: Any = None) -> Any:
+        if isinstance(data, torch.Tensor):
+            return sim.pin_tensor(data)
+        return original(data, device)  # containers: it recurses through this module's name
+
+    return module, "pin_memory", pin_memory

@@ -282,13 +282,18 @@ class SimDevice:
         self._record(direction, non_blocking, pinned, "copy_", src, dst, site)
         return dst
 
+    def pin_tensor(self, t: Tensor) -> Tensor:
+        """A pinned copy of a host tensor (untraced; safe from another thread)."""
+        out = self.raw_copy(t, None, torch.contiguous_format)
+        self.pinned_marks.add(_storage(out))
+        return out
+
     def _pin_memory(self, func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
         if self.on_device(t):
             raise RuntimeError(f"cannot pin '{self._type(Tensor.type, (t,), {})}' only dense "
                                "CPU tensors can be pinned")
-        out = self.raw_copy(t, None, torch.contiguous_format)
-        self.pinned_marks.add(_storage(out))
+        out = self.pin_tensor(t)
         producer = self.st.collector.producer_of(t)
         if producer is not None:
             self.st.collector.set_producer(out, producer)

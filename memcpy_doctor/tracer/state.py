@@ -87,6 +87,7 @@ class TraceState:
         self.call_args: tuple[tuple, dict] | None = None
         self.last_exit = perf_counter_ns()
         self.untraced: set[str] = set()
+        self.untraced_threads: list[str] = []  # threads started while tracing
 
     # ----- clocks -----
     def gap(self) -> int:
