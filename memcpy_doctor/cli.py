@@ -18,7 +18,7 @@ from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
                        DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
                        SORT_KEYS, CHROME_EVENTS)
 from .render.text import render_text
-from .runner import format_exception, run_script
+from .runner import RunResult, format_exception, run_script
 from .analysis.attribution import explain as explain_trace
 from .analysis.gates import GateError, check
 from .apply import ApplyError, load_edits
@@ -152,8 +152,19 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         edits = load_edits(apply_path) if apply_path else None
     except ApplyError as e:
         raise UsageProblem(str(e)) from None
+    def finish_hard_exit(hard: RunResult) -> None:  # os._exit: report and trace, then die
+        sys.stdout.flush()
+        click.echo(render_text(hard.trace, sort=sort), err=True)
+        try:
+            hard.trace.save(out_path)
+            click.echo(f"memcpy-doctor: trace written to {output}", err=True)
+        except OSError as e:
+            click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}",
+                       err=True)
+        sys.stderr.flush()
+
     try:
-        result = run_script(script, list(args), tracer, edits)
+        result = run_script(script, list(args), tracer, edits, finish_hard_exit)
     except (RuntimeError, ValueError) as e:
         if tracer.trace is None:  # the tracer could not start (e.g. --device cuda, no GPU)
             raise UsageProblem(str(e)) from None

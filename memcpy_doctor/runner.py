@@ -17,7 +17,7 @@ import traceback
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -61,9 +61,12 @@ def _main_module(path: str) -> types.ModuleType:
 
 
 def run_script(script: str, args: list[str], tracer: Tracer,
-               edits: list[GuardEdit] | None = None) -> RunResult:
+               edits: list[GuardEdit] | None = None,
+               on_hard_exit: Callable[[RunResult], None] | None = None) -> RunResult:
     """Run `script` under `tracer`; the trace covers whatever ran, however it ended. `edits`
-    (from `profile --apply`) are applied to the script's code in memory."""
+    (from `profile --apply`) are applied to the script's code in memory. `on_hard_exit` gets
+    the result when the script calls os._exit (which skips every cleanup), just before the
+    process ends."""
     path = os.path.abspath(script)
     saved_argv = sys.argv[:]
     saved_path0 = sys.path[0] if sys.path else None
@@ -90,7 +93,7 @@ def run_script(script: str, args: list[str], tracer: Tracer,
         sys.modules["__main__"] = main
         tracer.start()
         try:
-            with _warnings_at_user_lines():
+            with _warnings_at_user_lines(), _hard_exit_hook(tracer, on_hard_exit):
                 exec(code, main.__dict__)
         finally:
             tracer.stop()
@@ -144,6 +147,36 @@ def _warnings_at_user_lines() -> Iterator[None]:
     finally:
         if warnings.showwarning is show:
             warnings.showwarning = original
+
+
+@contextlib.contextmanager
+def _hard_exit_hook(tracer: Tracer,
+                    on_hard_exit: Callable[[RunResult], None] | None) -> Iterator[None]:
+    """os._exit ends the process at once: hand the trace over first. Only in this process:
+    a forked child (a DataLoader worker ends with os._exit) must not write the parent's
+    files."""
+    if on_hard_exit is None:
+        yield
+        return
+    original = os._exit
+    pid = os.getpid()
+
+    def hard_exit(code: int) -> None:
+        if os.getpid() == pid:
+            trace = tracer.stop()
+            trace.meta.exit_status, trace.meta.ended_by = code, "os._exit"
+            try:
+                on_hard_exit(RunResult(trace, code, "os._exit"))
+            finally:
+                original(code)
+        original(code)
+
+    os._exit = hard_exit
+    try:
+        yield
+    finally:
+        if os._exit is hard_exit:
+            os._exit = original
 
 
 def _is_torch(filename: str) -> bool:

@@ -573,3 +573,20 @@ def test_explain_and_diff_usage_errors_are_one_line(tmp_path):
         lines = bad.err.strip().splitlines()
         assert bad.status == 2 and len(lines) == 1, (args, bad.err)
         assert lines[0].startswith("memcpy-doctor: error:") and "Traceback" not in bad.err
+
+
+def test_os_exit_still_writes_the_report_and_trace(tmp_path):
+    """os._exit skips every cleanup; the profiler hands over the trace first."""
+    write(tmp_path / "h.py", """
+        import os
+        import torch
+        t = torch.ones(3, device="cuda")
+        print(float(t.sum()), flush=True)
+        os._exit(7)
+    """)
+    run = profile("h.py", cwd=tmp_path)
+    assert run.status == 7 and run.text == "3.0\n"
+    assert "Run cut short: os._exit (exit status 7)" in run.err
+    trace = load_trace(tmp_path / "trace.json")
+    assert (trace.meta.exit_status, trace.meta.ended_by) == (7, "os._exit")
+    assert [c.trigger for c in trace.copies] == ["float"]
