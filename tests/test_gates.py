@@ -182,3 +182,27 @@ def test_check_usage_errors(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     missing = _cli("check", "t.json", "--baseline", "none.json", cwd=tmp_path)
     assert missing.returncode == 2 and "none.json" in missing.stderr
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.text(max_size=40) | st.from_regex(r"[a-z_]{3,16}\s*<?=\s*[0-9.%a-zA-Z ]{0,10}",
+                                            fullmatch=True))
+def test_threshold_parser_only_ever_gives_clear_errors(text):
+    try:
+        name, value = parse_threshold(text)
+    except GateError as e:
+        assert str(e)
+    else:
+        assert name in METRICS and value >= 0
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.text(max_size=30))
+def test_tolerance_parser_only_ever_gives_clear_errors(text):
+    try:
+        parse_tolerance(text)
+    except GateError as e:
+        assert str(e)
