@@ -590,3 +590,36 @@ def test_os_exit_still_writes_the_report_and_trace(tmp_path):
     trace = load_trace(tmp_path / "trace.json")
     assert (trace.meta.exit_status, trace.meta.ended_by) == (7, "os._exit")
     assert [c.trigger for c in trace.copies] == ["float"]
+
+
+def test_nested_modes_and_profilers(tmp_path):
+    """A script's own TorchDispatchMode and torch.profiler work under the tool; its own
+    memcpy_doctor.profiler() fails with a clear message, and the trace so far is kept."""
+    write(tmp_path / "n.py", """
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Count(TorchDispatchMode):
+            n = 0
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Count.n += 1
+                return func(*args, **(kwargs or {}))
+
+        x = torch.ones(4, device="cuda")
+        with Count():
+            y = (x * 2).sum()
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            z = (x + 1).sum().item()
+        print(Count.n, float(y), z, len(p.key_averages()) > 0, flush=True)
+        import memcpy_doctor
+        with memcpy_doctor.profiler():
+            pass
+    """)
+    run = profile("n.py", cwd=tmp_path)
+    assert run.text == "2 8.0 8.0 True\n"
+    assert run.status == 1
+    assert "RuntimeError: a memcpy-doctor tracer is already running in this process" in run.err
+    trace = load_trace(tmp_path / "trace.json")
+    assert sorted(c.trigger for c in trace.copies) == ["float", "item"]
+    assert trace.meta.ended_by == "exception"
