@@ -197,3 +197,19 @@ def test_threads_started_during_the_run_are_reported_as_untraced():
         "tracer (its modes are per thread)"]
     assert "Not traced: ops in other threads" in prof.report()
     assert threading.Thread.start.__name__ == "start" and threading.Thread.start.__module__ == "threading"
+
+
+def test_torch_compile_runs_and_its_ops_are_traced():
+    def f(x):
+        return (x * 2).relu().sum()
+
+    torch.manual_seed(0)
+    x_host = torch.randn(16)
+    expected = float(f(x_host))
+    with memcpy_doctor.profiler(device="sim") as prof:
+        compiled = torch.compile(f)
+        got = float(compiled(x_host.to("cuda")))
+    assert got == expected
+    assert {"aten::mul", "aten::relu", "aten::sum"} <= {o.op for o in prof.trace.ops
+                                                        if o.device == "cuda:0"}
+    assert [c.trigger for c in prof.trace.copies if c.direction == "DtoH"] == ["float"]
