@@ -17,5 +17,6 @@ from .trace import Trace, TraceError, load_trace  # noqa: E402
 from .transfer_guard import TransferGuardError, transfer_guard  # noqa: E402
 from .tracer import Tracer  # noqa: E402
 
-__all__ = ["device_guard", "transfer_guard", "TransferGuardError", "profiler", "Tracer", "Trace", "TraceError", "load_trace", "render_text",
+__all__ = ["device_guard", "transfer_guard", "TransferGuardError", "profiler",
+           "Tracer", "Trace", "TraceError", "load_trace", "render_text",
            "__version__"]

@@ -22,5 +22,6 @@ def default_device_type() -> str:
     return context.device.type if context is not None else "cpu"
 
 
-__all__ = ["default_device_type", "_device_constructors", "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
+__all__ = ["default_device_type", "_device_constructors",
+           "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry"]

@@ -1,1 +1,2 @@
-"""Pure functions over traces: summary figures, the cost model, and (later) attribution and rules."""
+"""Pure functions over traces: summary figures, the cost model, attribution, rules, placement
+and gates."""

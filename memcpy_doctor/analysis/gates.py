@@ -221,7 +221,8 @@ def check(trace: Trace, limits: dict[str, float] | None = None, baseline: Trace 
             g.limit = limits[name]
             if value > g.limit:
                 g.passed = False
-                reasons.append(f"{format_value(m.kind, value)} > max {format_value(m.kind, g.limit)}")
+                reasons.append(f"{format_value(m.kind, value)} > max "
+                               f"{format_value(m.kind, g.limit)}")
         if baseline is not None:
             base = m.value(baseline, base_copies)
             tol = tolerance.get(name, tolerance.get(None, 0.0))

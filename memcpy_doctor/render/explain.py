@@ -52,7 +52,8 @@ def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
     calls = sum(c.calls for c in s.removes)
     lines = [f"{i}. {s.title}",
              f"   saves ~{_ms(s.saving_ns)} (estimated; removes {len(s.removes)} copy "
-             f"path{'s' if len(s.removes) != 1 else ''}, {calls} calls){'' if s.exact else ' [heuristic]'}",
+             f"path{'s' if len(s.removes) != 1 else ''}, {calls} calls)"
+             f"{'' if s.exact else ' [heuristic]'}",
              f"   {s.detail}"]
     if s.diff:
         lines += ["", *("   " + ln for ln in s.diff.rstrip("\n").splitlines()), ""]

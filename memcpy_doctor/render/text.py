@@ -71,7 +71,8 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
             f"{c.direction} {c.trigger}", format_site(c.site, cwd), str(c.calls), str(c.bytes),
             _ms(c.time_ns), f"{format_ref(c.producer, cwd)} -> {format_ref(c.consumer, cwd)}",
         ])
-    table = tabulate(rows, headers=["Copy", "Site", "Calls", "Bytes", "Total", "Producer -> Consumer"],
+    table = tabulate(rows, headers=["Copy", "Site", "Calls", "Bytes", "Total",
+                                    "Producer -> Consumer"],
                      tablefmt="plain", disable_numparse=True)
     if len(sync) > REPORT_SYNC_SITES:
         table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"

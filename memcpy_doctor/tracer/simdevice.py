@@ -257,7 +257,7 @@ class SimDevice:
         col = st.collector
         producer = col.producer_of(src) if src is not None else None
         col.copy(direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
-                 host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack(),
+                 host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack_at(site),
                  producer=producer, dst=dst, shape=list(dst.shape),
                  dtype=str(dst.dtype).replace("torch.", ""))
         if producer is not None:

@@ -30,11 +30,12 @@ _INTERNAL_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
 class SiteResolver:
     """Finds and interns user call sites."""
 
-    __slots__ = ("_internal", "_sites")
+    __slots__ = ("_internal", "_sites", "_stacks")
 
     def __init__(self) -> None:
         self._internal: dict[CodeType, bool] = {}
         self._sites: dict[tuple[CodeType, int], Site] = {}
+        self._stacks: dict[Site | None, list[Site]] = {}
 
     def _is_internal(self, code: CodeType) -> bool:
         internal = self._internal.get(code)
@@ -70,6 +71,14 @@ class SiteResolver:
     def resolve(self) -> Site | None:
         """The current user call site, or None when no user frame is on the stack."""
         return self.site_of(self.user_frame())
+
+    def stack_at(self, site: Site | None) -> list[Site]:
+        """The user stack of the first copy made at `site` (a copy record keeps the stack of
+        its first call, so later calls at the site need no walk)."""
+        found = self._stacks.get(site)
+        if found is None:
+            found = self._stacks[site] = self.stack()
+        return found
 
     def stack(self) -> list[Site]:
         """User frames, innermost first, at most MAX_STACK_FRAMES (used for copies only)."""

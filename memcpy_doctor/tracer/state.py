@@ -240,7 +240,7 @@ class TraceState:
             host_ns, device_ns = measured_ns, 0
         self.collector.copy(
             direction=direction, sync=True, pinned=pinned, trigger=trigger, nbytes=nbytes,
-            host_ns=host_ns, device_ns=device_ns, site=site, stack=self.sites.stack(),
+            host_ns=host_ns, device_ns=device_ns, site=site, stack=self.sites.stack_at(site),
             producer=self.collector.producer_of(src), dst=dst,
             shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""))
 
@@ -288,7 +288,7 @@ class TraceState:
         pending = self.collector.copy(
             direction=direction, sync=sync, pinned=pinned, trigger=trigger,
             nbytes=dst_t.nbytes, host_ns=host_ns, device_ns=0, site=site,
-            stack=self.sites.stack(), producer=self.collector.producer_of(src), dst=dst_t,
+            stack=self.sites.stack_at(site), producer=self.collector.producer_of(src), dst=dst_t,
             shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""))
         self.timer.end(mark, pending, host_ns)
         producer = self.collector.producer_of(src)
