@@ -15,23 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..paths import short_path
 from ..trace import Site, Trace
 from .costmodel import profile_of
-from .placement import DEVICE, HOST, Edge, Node, Placement, place
-from ..paths import short_path
 from .edits import guard_diff
+from .gates import format_value
+from .placement import DEVICE, HOST, Edge, Node, Placement, place
 from .rules import Suggestion
 
 PYTHON = ("<python>", 0)
 #: A CPU is taken to reach this share of the GPU's roofline when host cost was not measured.
 _CPU_SHARE_OF_GPU = 0.1
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n} B"
 
 
 def _key(site: Site) -> tuple[str, int]:
@@ -134,7 +128,7 @@ def placement_suggestions(trace: Trace, device_memory_bytes: int | None = None,
                  for f in sorted({f for f, _ in sites})]
         where = ", ".join(f"{short_path(f, cwd)}:{ln}" for f, ln in sites)
         budget = ("" if device_memory_bytes is None
-                  else f" within {_size(device_memory_bytes)} of device memory")
+                  else f" within {format_value('bytes', device_memory_bytes)} of device memory")
         suggestions.append(Suggestion(
             rule="placement",
             title=f"place the ops at {where} on the host{budget}",

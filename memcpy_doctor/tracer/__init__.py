@@ -202,7 +202,7 @@ class Tracer:
             device_name=self.profile.name if simulated else torch.cuda.get_device_name(),
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
-            memcpy_doctor_version=_version(), untraced=sorted(state.untraced))
+            memcpy_doctor_version=_version())
         if state.untraced_threads:
             names = ", ".join(sorted(set(state.untraced_threads))[:5])
             meta.untraced.append(

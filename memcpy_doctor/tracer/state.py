@@ -86,7 +86,6 @@ class TraceState:
         # tensor inputs (a factory inside a composite op) is on cuda if they are
         self.call_args: tuple[tuple, dict] | None = None
         self.last_exit = perf_counter_ns()
-        self.untraced: set[str] = set()
         self.untraced_threads: list[str] = []  # threads started while tracing
 
     # ----- clocks -----
@@ -285,13 +284,13 @@ class TraceState:
         host_ns = perf_counter_ns() - t0
         dst_t = out if isinstance(out, Tensor) else args[0]
         trigger = self.trigger or ("to" if info.short == "_to_copy" else "copy_")
+        producer = self.collector.producer_of(src)
         pending = self.collector.copy(
             direction=direction, sync=sync, pinned=pinned, trigger=trigger,
             nbytes=dst_t.nbytes, host_ns=host_ns, device_ns=0, site=site,
-            stack=self.sites.stack_at(site), producer=self.collector.producer_of(src), dst=dst_t,
+            stack=self.sites.stack_at(site), producer=producer, dst=dst_t,
             shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""))
         self.timer.end(mark, pending, host_ns)
-        producer = self.collector.producer_of(src)
         if producer is not None:
             self.collector.set_producer(dst_t, producer)
         self.returned()
