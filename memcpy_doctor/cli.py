@@ -32,6 +32,7 @@ from .render.diff import render_diff
 from .render.explain import (FORMATS as EXPLAIN_FORMATS, render_explain_json,
                              render_explain_markdown, render_explain_text, render_log)
 from .trace import Trace, TraceError
+from . import calibrate as calib
 from .tracer import Tracer
 
 
@@ -274,6 +275,35 @@ def check_cmd(trace: str, limits, baseline, tolerances, allow, config_path, fmt:
     passed, text = _run_gates(_load(trace), config, fmt)
     _emit(text, output)
     sys.exit(0 if passed else EXIT_GATE_FAILED)
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="FILE", default=calib.DEFAULT_CALIBRATED_PROFILE,
+              show_default=True, help="Where to write the measured device profile (JSON).")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats (seconds, not a minute).")
+@click.option("--measurements", metavar="FILE", default=None,
+              help="Also write the raw measurements (JSON), to fit again or compare later.")
+def calibrate(output: str, quick: bool, measurements: str | None) -> None:
+    """Measure this machine's GPU (copies each way pinned and pageable, launch and sync
+    latency, matmul FLOP/s, memory bandwidth) and write a device profile that
+    `profile --device sim --device-profile FILE` uses. Needs a CUDA GPU."""
+    import json
+    from .analysis.costmodel import load_profile
+    for path in (output, measurements):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageProblem(f"{path}: directory {os.path.dirname(path)} does not exist")
+    try:
+        measured = calib.measure(quick, lambda msg: click.echo(f"memcpy-doctor: calibrate: "
+                                                              f"{msg}", err=True))
+        base = load_profile(calib.base_profile_name(measured["device"]["name"]))
+        profile = calib.build_profile(measured, base)
+    except calib.CalibrationError as e:
+        raise UsageProblem(str(e)) from None
+    if measurements:
+        _emit(json.dumps(measured, indent=1) + "\n", measurements)
+    _emit(json.dumps(profile, indent=2) + "\n", output)
+    click.echo(f"memcpy-doctor: device profile of {profile['name']} written to {output}",
+               err=True)
 
 
 def _emit(text: str, output: str | None) -> None:

@@ -40,3 +40,11 @@ PRINT_EDGEITEMS = 3
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 1
 EXIT_INTERRUPTED = 130
+
+#: `memcpy-doctor calibrate`: where the measured profile goes, the copy sizes (bytes) fitted
+#: per path, and how many times each measurement is repeated (the median is kept).
+DEFAULT_CALIBRATED_PROFILE = "memcpy_doctor_device.json"
+CALIBRATE_COPY_SIZES = tuple(1 << k for k in range(10, 29, 2))  # 1 KiB .. 256 MiB
+CALIBRATE_COPY_SIZES_QUICK = tuple(1 << k for k in (12, 16, 20, 24))  # 4 KiB .. 16 MiB
+CALIBRATE_REPEATS = 10
+CALIBRATE_REPEATS_QUICK = 3

@@ -241,7 +241,8 @@ def test_from_dict_unknown_field_raises_profile_error():
 
 
 def test_available_profiles():
-    assert available_profiles() == ["a100-sxm4-80gb"]
+    assert available_profiles() == ["a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb",
+                                    "l4", "rtx-4090"]
     assert DEFAULT_DEVICE_PROFILE in available_profiles()
 
 

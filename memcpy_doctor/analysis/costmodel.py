@@ -2,9 +2,10 @@
 
 Op time is a roofline: the larger of FLOPs over peak FLOP/s and bytes moved over memory
 bandwidth, plus the shortest kernel's duration. Copy time is a fixed DMA setup plus bytes over
-the PCIe bandwidth for that direction and host memory kind. The replay keeps two clocks, the
-host issuing work and the device running it in order; every synchronous copy or wait makes the
-host wait until the device has drained.
+the PCIe bandwidth for that direction and host memory kind; a calibrated profile may give each
+path its own setup (`copy_setup`), fitted with its bandwidth from measured copies. The replay
+keeps two clocks, the host issuing work and the device running it in order; every synchronous
+copy or wait makes the host wait until the device has drained.
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ class DeviceProfile:
     multi_processor_count: int = 108
     calibrated: bool = False
     sources: dict[str, str] = field(default_factory=dict)
+    #: Per-path DMA setup in ns ("HtoD_pinned", ...), where measured; other paths use
+    #: `copy_setup_ns`. Optional, so profiles written before calibration existed still load.
+    copy_setup: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # copy_ns is on the tracer's hot path: look (setup, bandwidth) up by direction and
+        # pinnedness in a table built once, with no key formatting per call.
+        def entry(path: str) -> tuple[int, float]:
+            return self.copy_setup.get(path, self.copy_setup_ns), self.copy_bandwidth[path]
+
+        dtod = entry("DtoD")
+        object.__setattr__(self, "_copy_table", {
+            "HtoD": (entry("HtoD_pageable"), entry("HtoD_pinned")),
+            "DtoH": (entry("DtoH_pageable"), entry("DtoH_pinned")),
+            "DtoD": (dtod, dtod),
+        })
 
     @classmethod
     def from_dict(cls, d: Any) -> DeviceProfile:
@@ -47,6 +64,8 @@ class DeviceProfile:
             return cls(**d)
         except (TypeError, ValueError) as e:
             raise ProfileError(f"bad device profile: {e}") from None
+        except KeyError as e:
+            raise ProfileError(f"bad device profile: copy_bandwidth has no {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -60,12 +79,10 @@ class DeviceProfile:
         return self.kernel_min_ns + round(max(flops / peak, nbytes / self.memory_bandwidth) * 1e9)
 
     def copy_ns(self, direction: str, nbytes: int, pinned: bool | None) -> int:
-        """Modeled device time of one transfer (DMA setup plus bytes over the link)."""
-        if direction == "DtoD":
-            bw = self.copy_bandwidth["DtoD"]
-        else:
-            bw = self.copy_bandwidth[f"{direction}_{'pinned' if pinned else 'pageable'}"]
-        return self.copy_setup_ns + round(nbytes / bw * 1e9)
+        """Modeled device time of one transfer (DMA setup plus bytes over the link);
+        unknown pinnedness (None) counts as pageable."""
+        setup, bw = self._copy_table[direction][1 if pinned else 0]
+        return setup + round(nbytes / bw * 1e9)
 
 
 def load_profile(name_or_path: str | None = None) -> DeviceProfile:
