@@ -25,3 +25,9 @@ def default_device_type() -> str:
 __all__ = ["default_device_type", "_device_constructors",
            "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry"]
+
+try:  # CUDA's own synchronization callbacks, below the dispatcher (tracer/cuda.py SyncHooks)
+    import torch.cuda._gpu_trace as gpu_trace
+except ImportError:  # pragma: no cover - a torch without them: the hooks are off
+    gpu_trace = None
+__all__ += ["gpu_trace"]

@@ -26,7 +26,7 @@ from ..trace import Meta, Trace
 from . import sim as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
-from .cuda import CudaTimer, wait_patches
+from .cuda import CudaTimer, SyncHooks, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .simdevice import SimDevice
 from .state import TraceState
@@ -123,6 +123,7 @@ class Tracer:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
                 handlers = real_gpu_handlers(state)
                 stack.enter_context(_Patch(wait_patches(state)))
+                stack.enter_context(SyncHooks(state))  # waits inside C++ ops
             self._state = state
             stack.enter_context(_Patch([(threading.Thread, "start",
                                          _counting_start(state.untraced_threads))]))
