@@ -1,12 +1,21 @@
 """The one import point for PyTorch's private modules, so that an upgrade touches one file."""
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame
 from torch._C._nn import _parse_to
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import flop_registry
 
+
+def dynamo_skip_frame(code) -> None:
+    """Have torch.compile's frame evaluation run this code object as it is, never compile
+    it (torch._dynamo.skip, for a code object; imports torch._dynamo, about 1.5 s the
+    first time)."""
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(code)
 
 
 def default_device_type() -> str:
@@ -22,9 +31,9 @@ def default_device_type() -> str:
     return context.device.type if context is not None else "cpu"
 
 
-__all__ = ["default_device_type", "_device_constructors",
+__all__ = ["default_device_type", "dynamo_skip_frame", "_device_constructors",
            "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
-           "flop_registry"]
+           "flop_registry", "set_eval_frame"]
 
 try:  # CUDA's own synchronization callbacks, below the dispatcher (tracer/cuda.py SyncHooks)
     import torch.cuda._gpu_trace as gpu_trace

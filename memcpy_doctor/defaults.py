@@ -25,6 +25,10 @@ DEFAULT_TRANSFER_LOG = 0
 #: Events kept on the timeline `profile --chrome-trace` writes (the rest are counted).
 CHROME_EVENTS = 200_000
 
+#: The tracer's table of which op made each live tensor is swept of freed tensors' entries
+#: once it holds twice as many entries as after the last sweep, and never below this size.
+PRODUCER_SWEEP_MIN = 4096
+
 #: Most user frames kept in a copy record's stack.
 MAX_STACK_FRAMES = 16
 
@@ -40,6 +44,18 @@ PRINT_EDGEITEMS = 3
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 1
 EXIT_INTERRUPTED = 130
+
+#: A process ended by signal N has status 128+N, as a shell reports it (SIGTERM: 143).
+EXIT_SIGNAL_BASE = 128
+
+#: Signals whose default action ends the process without cleanup: while a script runs under
+#: `profile`, they first write the report and trace (SIGINT is Python's KeyboardInterrupt).
+#: Names, since SIGHUP does not exist everywhere.
+HANDLED_SIGNALS = ("SIGTERM", "SIGHUP")
+
+#: `profile --ranks N`: seconds the other ranks get to end on their own after one failed,
+#: then again after SIGTERM before SIGKILL (a rank may be stuck in a collective).
+RANKS_GRACE_S = 5.0
 
 #: `memcpy-doctor calibrate`: where the measured profile goes, the copy sizes (bytes) fitted
 #: per path, and how many times each measurement is repeated (the median is kept).

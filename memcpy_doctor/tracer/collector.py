@@ -1,7 +1,10 @@
 """Aggregation as the program runs: per op and site, per copy path, per wait site.
 
-Nothing here holds a user tensor: producers and copies awaiting their consumer are keyed by
-the tensor's id, with a weak reference that removes the entry when the tensor is freed.
+Nothing here holds a user tensor. Producers are keyed by the tensor's id with a weak reference
+that tells a live entry from the stale entry of a freed tensor whose id was reused; stale
+entries are swept when the table has doubled, so it stays within twice the live tensors
+without a callback on every free. Copies awaiting their consumer are rare and keep a callback,
+which finishes the copy when its destination is freed unread.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from ..defaults import PRODUCER_SWEEP_MIN
 from .chrome import ChromeLog
 from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
                      TransferRecord, WaitRecord)
@@ -43,9 +47,15 @@ class EventAgg:
 
 
 class OpAgg:
-    """One (op, device, site) being filled; `ref` is what copies name as producer/consumer."""
+    """One (op, device, site) being filled; `ref` is what copies name as producer/consumer.
 
-    __slots__ = ("ref", "event", "calls", "host_ns", "device_ns", "run_ns", "flops", "bytes")
+    The per-op path (TraceState.dispatch) updates the counters in place; the Event Summary
+    row of the op is folded from its OpAggs at the end. `flows_in` holds, by id of the
+    producing OpAgg, [producer OpAgg, reads, bytes read]: the op graph's edges into this op.
+    """
+
+    __slots__ = ("ref", "event", "calls", "host_ns", "device_ns", "run_ns", "flops", "bytes",
+                 "min_ns", "max_ns", "flows_in")
 
     def __init__(self, ref: OpRef, event: EventAgg) -> None:
         self.ref = ref
@@ -56,12 +66,24 @@ class OpAgg:
         self.run_ns = 0
         self.flops = 0
         self.bytes = 0
+        self.min_ns = -1
+        self.max_ns = 0
+        self.flows_in: dict[int, list] = {}
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU): lands on the op and its row."""
         self.device_ns += ns
-        self.event.gpu_ns += ns
-        self.event.span(host_ns + ns)
+        total = host_ns + ns
+        if self.min_ns < 0 or total < self.min_ns:
+            self.min_ns = total
+        if total > self.max_ns:
+            self.max_ns = total
+
+
+class TensorRef(weakref.ref):
+    """A weak reference to a tensor, carrying what the tracer knows about it (`value`)."""
+
+    __slots__ = ("value",)
 
 
 class CopyAgg:
@@ -138,70 +160,93 @@ class Collector:
         self.listeners: list[Callable[[CopyEvent], None]] = []
         self.chrome: ChromeLog | None = None  # the timeline, when profile --chrome-trace
         self.events: dict[str, EventAgg] = {}
-        self.ops: dict[tuple[str, str, Site | None], OpAgg] = {}
+        self.op_events: dict[str, EventAgg] = {}  # the rows folded from `ops` at the end
+        #: by (op name, device, id of the interned Site)
+        self.ops: dict[tuple[str, str, int], OpAgg] = {}
         self.copies: dict[tuple, CopyAgg] = {}
         self.waits: dict[tuple[str, Site | None], list[int]] = {}
-        self.flows: dict[tuple[int, int], list] = {}
         self.transfers: list[TransferRecord] = []
         self.transfers_dropped = 0
-        self._producers: dict[int, tuple[weakref.KeyedRef, OpRef]] = {}
+        #: id(tensor) -> TensorRef whose value is the OpAgg that made the tensor's data
+        self.producers: dict[int, TensorRef] = {}
+        self.sweep_at = PRODUCER_SWEEP_MIN
         self._pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
 
     # ----- ops -----
     def op(self, name: str, device: str, site: Site | None) -> OpAgg:
-        key = (name, device, site)
+        key = (name, device, id(site))  # sites are interned: identity is the key
         agg = self.ops.get(key)
         if agg is None:
-            event = self.events.get(name)
-            if event is None:
-                event = self.events[name] = EventAgg()
-            agg = self.ops[key] = OpAgg(OpRef(name, device, site), event)
+            agg = self.new_op(key, name, device, site)
+        return agg
+
+    def new_op(self, key: tuple[str, str, int], name: str, device: str,
+               site: Site | None) -> OpAgg:
+        event = self.op_events.get(name)
+        if event is None:
+            event = self.op_events[name] = self.events[name] = EventAgg()
+        agg = self.ops[key] = OpAgg(OpRef(name, device, site), event)
         return agg
 
     def add_op(self, agg: OpAgg, host_ns: int, device_ns: int, run_ns: int, flops: int,
                nbytes: int) -> None:
+        """One call of an op (the per-op path inlines this; kept for the rarer callers)."""
         agg.calls += 1
         agg.host_ns += host_ns
         agg.device_ns += device_ns
         agg.run_ns += run_ns
         agg.flops += flops
         agg.bytes += nbytes
-        agg.event.add(host_ns, device_ns)
+        total = host_ns + device_ns
+        if agg.min_ns < 0 or total < agg.min_ns:
+            agg.min_ns = total
+        if total > agg.max_ns:
+            agg.max_ns = total
         if self.chrome is not None:
-            ref = agg.ref
-            idx = self.chrome.add("op", ref.op, host_ns, device_ns,
-                                  {"device": ref.device, "site": str(ref.site)})
-            if idx is not None:
-                self.chrome.last_of[id(ref)] = idx
+            self.chrome_op(agg, host_ns, device_ns)
 
-    def flow(self, producer: OpRef, consumer: OpRef, nbytes: int) -> None:
-        """`consumer` read a tensor `producer` made: an edge of the op graph."""
-        key = (id(producer), id(consumer))  # OpRefs are interned: identity is the key
-        entry = self.flows.get(key)
-        if entry is None:
-            entry = self.flows[key] = [producer, consumer, 0, 0]
-        entry[2] += 1
-        entry[3] += nbytes
+    def chrome_op(self, agg: OpAgg, host_ns: int, device_ns: int) -> None:
+        ref = agg.ref
+        idx = self.chrome.add("op", ref.op, host_ns, device_ns,
+                              {"device": ref.device, "site": str(ref.site)})
+        if idx is not None:
+            self.chrome.last_of[id(ref)] = idx
 
     # ----- producers -----
-    def _drop_producer(self, ref: weakref.KeyedRef) -> None:
-        entry = self._producers.get(ref.key)
-        if entry is not None and entry[0] is ref:
-            del self._producers[ref.key]
-
-    def set_producer(self, t: torch.Tensor, ref: OpRef) -> None:
+    def set_producer(self, t: torch.Tensor, agg: OpAgg) -> None:
         key = id(t)
-        entry = self._producers.get(key)
-        if entry is not None and entry[0]() is t:
-            self._producers[key] = (entry[0], ref)
-        else:
-            self._producers[key] = (weakref.KeyedRef(t, self._drop_producer, key), ref)
+        entry = self.producers.get(key)
+        if entry is not None and entry() is t:
+            entry.value = agg
+            return
+        entry = self.producers[key] = TensorRef(t)
+        entry.value = agg
+        if len(self.producers) > self.sweep_at:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Forget the entries of freed tensors."""
+        self.producers = {k: r for k, r in self.producers.items() if r() is not None}
+        self.sweep_at = max(PRODUCER_SWEEP_MIN, 2 * len(self.producers))
+
+    def producer_agg(self, t: torch.Tensor) -> OpAgg | None:
+        entry = self.producers.get(id(t))
+        if entry is not None and entry() is t:
+            return entry.value
+        return None
 
     def producer_of(self, t: torch.Tensor) -> OpRef | None:
-        entry = self._producers.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1]
+        """The op that made t's data, as copies name it."""
+        entry = self.producers.get(id(t))
+        if entry is not None and entry() is t:
+            return entry.value.ref
         return None
+
+    def inherit_producer(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """dst holds src's data (a copy of it, or src itself rebound)."""
+        agg = self.producer_agg(src)
+        if agg is not None:
+            self.set_producer(dst, agg)
 
     # ----- copies -----
     def copy(self, *, direction: str, sync: bool, pinned: bool | None, trigger: str,
@@ -280,9 +325,7 @@ class Collector:
     def rebind(self, old: torch.Tensor, new: torch.Tensor) -> None:
         """`new.data = old`: new now holds old's data, so it inherits old's producer and the
         copy waiting for a consumer (Module.to() moves parameters this way)."""
-        producer = self.producer_of(old)
-        if producer is not None:
-            self.set_producer(new, producer)
+        self.inherit_producer(new, old)
         entry = self._pending.get(id(old))
         if entry is not None and entry[0]() is old:
             del self._pending[id(old)]
@@ -325,9 +368,20 @@ class Collector:
             if pending.agg is None:
                 self._finish(pending, None)
         self._pending.clear()
-        self._producers.clear()
+        self.producers.clear()
 
     def event_rows(self) -> list[EventRow]:
+        for e in self.op_events.values():  # fold the ops into their rows afresh
+            e.calls = e.cpu_ns = e.gpu_ns = e.max_ns = 0
+            e.min_ns = -1
+        for a in self.ops.values():
+            if a.calls:
+                e = a.event
+                e.calls += a.calls
+                e.cpu_ns += a.host_ns
+                e.gpu_ns += a.device_ns
+                e.span(a.min_ns)
+                e.span(a.max_ns)
         return [EventRow(name, e.calls, e.cpu_ns, e.gpu_ns, max(e.min_ns, 0), e.max_ns)
                 for name, e in self.events.items() if e.calls]
 
@@ -337,7 +391,8 @@ class Collector:
                 for a in self.ops.values() if a.calls]
 
     def flow_records(self) -> list[FlowRecord]:
-        return [FlowRecord(p, c, calls, nbytes) for p, c, calls, nbytes in self.flows.values()]
+        return [FlowRecord(p.ref, c.ref, calls, nbytes)
+                for c in self.ops.values() for p, calls, nbytes in c.flows_in.values()]
 
     def copy_records(self) -> list[CopyRecord]:
         out = []

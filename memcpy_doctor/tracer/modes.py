@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from .._torch_private import TorchDispatchMode, TorchFunctionMode, default_device_type
+from .._torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
+                              dynamo_skip_frame, set_eval_frame)
 from .optable import DATA_FACTORIES, TRIGGERS
 from .sim import printed_bytes
 from .state import TraceState
@@ -23,17 +24,39 @@ _DisableTorchFunction = torch._C.DisableTorchFunction
 
 
 class DispatchMode(TorchDispatchMode):
+    """Hands every aten op to `TraceState.dispatch`.
+
+    torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable, a Python
+    wrapper that costs about a microsecond an op; this mode opts out of the wrapper and does
+    what it does, directly: torch.compile never compiles `__torch_dispatch__` itself (its
+    code is marked skipped) and no eval-frame callback runs while the tracer's own code runs
+    (the caller's is restored after).
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # read once, by TorchDispatchMode.__init_subclass__
+
     def __init__(self, state: TraceState) -> None:
         super().__init__()
         self.state = state
+        dynamo_skip_frame(DispatchMode.__torch_dispatch__.__code__)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        state = self.state
-        if state.suspended:
-            return func(*args, **(kwargs or {}))
-        with _DisableTorchFunction():
-            return state.dispatch(func, args, kwargs or {})
+        prior = set_eval_frame(None)
+        try:
+            state = self.state
+            if state.suspended:
+                return func(*args, **(kwargs or {}))
+            with _DisableTorchFunction():
+                return state.dispatch(func, args, kwargs or {})
+        finally:
+            set_eval_frame(prior)
+
+
+#: What the function mode does with a Python-level call, decided once per callable.
+_PLAIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(5)
 
 
 class FunctionMode(TorchFunctionMode):
@@ -43,6 +66,24 @@ class FunctionMode(TorchFunctionMode):
         self.handlers = handlers
         sim = state.sim
         self.factory = sim.factory if sim is not None else None
+        self.kinds: dict[Any, int] = {}
+
+    def _kind(self, func: Any) -> int:
+        if func in self.handlers:
+            kind = _HANDLED
+        elif func in DATA_FACTORIES:
+            kind = _DATA_FACTORY
+        elif func in TRIGGERS:
+            kind = _TRIGGER
+        elif getattr(func, "__name__", None) == "__get__":
+            kind = _GETTER
+        else:
+            kind = _PLAIN
+        try:
+            self.kinds[func] = kind
+        except TypeError:  # an unhashable callable: decided again next time
+            pass
+        return kind
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -51,10 +92,17 @@ class FunctionMode(TorchFunctionMode):
         state = self.state
         if state.suspended:
             return func(*args, **kwargs)
-        handler = self.handlers.get(func)
-        if handler is not None:
-            return handler(func, args, kwargs)
-        trigger = TRIGGERS.get(func)
+        try:
+            kind = self.kinds.get(func)
+        except TypeError:
+            kind = None
+        if kind is None:
+            kind = self._kind(func)
+        if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, and never a copy
+            return func(*args, **kwargs)
+        if kind == _HANDLED:
+            return self.handlers[func](func, args, kwargs)
+        trigger = TRIGGERS.get(func) if kind != _PLAIN else None
         if self.factory is None:  # real GPU: only name the trigger
             if trigger is None:
                 return func(*args, **kwargs)
@@ -65,15 +113,14 @@ class FunctionMode(TorchFunctionMode):
             finally:
                 state.trigger = prev
         # simulated GPU
-        if "device" in kwargs or kwargs.get("pin_memory"):
+        if kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
             return self.factory(func, args, kwargs)
-        if func in DATA_FACTORIES and default_device_type() == "cuda":
+        if kind == _DATA_FACTORY and default_device_type() == "cuda":
             # under torch.set_default_device("cuda") torch would build these on the device
             return self.factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
-        if getattr(func, "__name__", None) == "__get__":
-            return func(*args, **kwargs)
         prev, prev_call = state.trigger, state.call_args
-        state.trigger = trigger or prev
+        if trigger is not None:
+            state.trigger = trigger
         state.call_args = (args, kwargs)  # read only if an op inside has no tensor inputs
         try:
             return func(*args, **kwargs)

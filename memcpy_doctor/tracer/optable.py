@@ -147,11 +147,14 @@ def _registry_flops(formula: Callable[..., int]) -> Callable[[tuple, dict, list]
     return flops
 
 
-_CACHE: dict[Any, OpInfo] = {}
+#: OpInfo by id(func): OpOverload hashes in Python, an id in C. The overloads are kept in
+#: _KEPT so that no cached id is reused.
+OP_INFO: dict[int, OpInfo] = {}
+_KEPT: list[Any] = []
 
 
 def op_info(func: Any) -> OpInfo:
-    info = _CACHE.get(func)
+    info = OP_INFO.get(id(func))
     if info is None:
         packet = func._overloadpacket
         short = packet.__name__
@@ -169,7 +172,8 @@ def op_info(func: Any) -> OpInfo:
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
         )
-        _CACHE[func] = info
+        OP_INFO[id(func)] = info
+        _KEPT.append(func)
     return info
 
 
@@ -184,7 +188,12 @@ def is_mask(t: torch.Tensor) -> bool:
     return t.dtype in (torch.bool, torch.uint8)
 
 
+#: Keys into DeviceProfile.peak_flops by dtype; any other dtype is "other".
+DTYPE_CLASS: dict[torch.dtype, str] = {
+    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+    torch.bfloat16: "bfloat16"}
+
+
 def dtype_class(dtype: torch.dtype) -> str:
     """Key into DeviceProfile.peak_flops."""
-    return {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
-            torch.bfloat16: "bfloat16"}.get(dtype, "other")
+    return DTYPE_CLASS.get(dtype, "other")

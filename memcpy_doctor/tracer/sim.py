@@ -31,35 +31,45 @@ def _storage(t: torch.Tensor) -> Any:
         return None  # sparse, nested or storage-less tensors: never marked
 
 
-class StorageMarks:
-    """A set of storages, by identity, that forgets a storage when it is freed."""
+class _StorageRef(weakref.ref):
+    """A weak reference to a marked storage, with its key and size (a slotted subclass of
+    weakref.ref costs a quarter of a weakref.KeyedRef, whose constructor is Python code)."""
 
-    __slots__ = ("_refs", "_bytes", "allocated", "peak")
+    __slots__ = ("key", "nbytes")
+
+
+class StorageMarks:
+    """A set of storages, by identity, that forgets a storage when it is freed.
+
+    `refs` maps id(storage) to its reference; the per-op path tests membership directly.
+    """
+
+    __slots__ = ("refs", "allocated", "peak", "_on_free")
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.KeyedRef] = {}
-        self._bytes: dict[int, int] = {}
+        self.refs: dict[int, _StorageRef] = {}
         self.allocated = 0
         self.peak = 0
+        self._on_free = self._drop  # one bound method, not one per reference
 
-    def _drop(self, ref: weakref.KeyedRef) -> None:
+    def _drop(self, ref: _StorageRef) -> None:
         key = ref.key
-        if self._refs.get(key) is ref:
-            del self._refs[key]
-            self.allocated -= self._bytes.pop(key, 0)
+        if self.refs.get(key) is ref:
+            del self.refs[key]
+            self.allocated -= ref.nbytes
 
     def has(self, storage: Any) -> bool:
-        return storage is not None and id(storage) in self._refs
+        return storage is not None and id(storage) in self.refs
 
     def add(self, storage: Any) -> None:
         if storage is None:
             return
         key = id(storage)
-        if key in self._refs:
+        if key in self.refs:
             return
-        self._refs[key] = weakref.KeyedRef(storage, self._drop, key)
-        nbytes = storage.nbytes()
-        self._bytes[key] = nbytes
+        ref = self.refs[key] = _StorageRef(storage, self._on_free)
+        ref.key = key
+        nbytes = ref.nbytes = storage.nbytes()
         self.allocated += nbytes
         if self.allocated > self.peak:
             self.peak = self.allocated
@@ -67,7 +77,7 @@ class StorageMarks:
     def discard(self, storage: Any) -> None:
         if storage is None:
             return
-        ref = self._refs.get(id(storage))
+        ref = self.refs.get(id(storage))
         if ref is not None:
             self._drop(ref)
 

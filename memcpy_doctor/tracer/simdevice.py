@@ -260,8 +260,8 @@ class SimDevice:
                  host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack_at(site),
                  producer=producer, dst=dst, shape=list(dst.shape),
                  dtype=str(dst.dtype).replace("torch.", ""))
-        if producer is not None:
-            col.set_producer(dst, producer)
+        if src is not None:
+            col.inherit_producer(dst, src)
         st.returned()
 
     def _copy_(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -294,9 +294,7 @@ class SimDevice:
             raise RuntimeError(f"cannot pin '{self._type(Tensor.type, (t,), {})}' only dense "
                                "CPU tensors can be pinned")
         out = self.pin_tensor(t)
-        producer = self.st.collector.producer_of(t)
-        if producer is not None:
-            self.st.collector.set_producer(out, producer)
+        self.st.collector.inherit_producer(out, t)
         return out
 
     # ----- factories -----

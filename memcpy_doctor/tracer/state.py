@@ -7,6 +7,7 @@ aggregate update, one weak reference per output for producer tracking.
 
 from __future__ import annotations
 
+import sys
 from time import perf_counter_ns
 from typing import Any
 
@@ -14,7 +15,8 @@ import torch
 
 from ..analysis.costmodel import DeviceProfile, Timeline
 from .collector import Collector
-from .optable import SCALAR_TRIGGERS, OpInfo, dtype_class, index_tensors, is_mask, op_info
+from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
+                      op_info)
 from .sites import SiteResolver
 
 Tensor = torch.Tensor
@@ -22,6 +24,7 @@ Tensor = torch.Tensor
 #: Ops that hand back their input's data unchanged: the producer stays the op that made it.
 _PASS_THROUGH = frozenset({"detach", "alias", "lift_fresh"})
 _CPU = torch.device("cpu")
+_getframe = sys._getframe
 
 
 def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
@@ -41,21 +44,6 @@ def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
     return found
 
 
-def _work(info: OpInfo, args: tuple, kwargs: dict, ins: list[Tensor],
-          outs: list[Tensor]) -> tuple[int, int, str]:
-    """FLOPs, bytes read and written, and the dtype class of one kernel (the roofline's input;
-    kept for placement, which asks what an op would cost on the other device)."""
-    flops = 0
-    if info.flops is not None:
-        try:
-            flops = info.flops(args, kwargs, outs)
-        except Exception:  # a formula that does not fit these arguments: count bytes only
-            flops = 0
-    nbytes = sum(t.nbytes for t in ins) + sum(o.nbytes for o in outs)
-    ref = outs[0] if outs else (ins[0] if ins else None)
-    return flops, nbytes, dtype_class(ref.dtype) if ref is not None else "other"
-
-
 def _names_cuda(device: Any) -> bool:
     return isinstance(device, torch.device) and device.type == "cuda"
 
@@ -66,6 +54,14 @@ def tensors_out(out: Any) -> list[Tensor]:
     if isinstance(out, (list, tuple)):
         return [o for o in out if isinstance(o, Tensor)]
     return []
+
+
+def _storage_key(t: Tensor) -> int:
+    """id of t's storage object (the key of the simulated GPU's marks), or 0 without one."""
+    try:
+        return id(t.untyped_storage())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0  # sparse, nested or storage-less tensors: never marked
 
 
 class TraceState:
@@ -105,25 +101,46 @@ class TraceState:
 
     # ----- the per-op path -----
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        self.gap()
-        info = op_info(func)
-        ins = tensors_in(args, kwargs)
+        """Run one aten op and record it. Written flat, with the lookups of the helpers it
+        would call inlined: this runs for every op of the program (see docs/benchmarks.md)."""
+        now = perf_counter_ns()
+        timeline = self.timeline
+        if timeline is not None and now > self.last_exit:  # the program's own time since
+            timeline.host_ns += now - self.last_exit
+        info = OP_INFO.get(id(func)) or op_info(func)
+        ins = []
+        for a in args:
+            if isinstance(a, Tensor):
+                ins.append(a)
+            elif a.__class__ is list or a.__class__ is tuple:
+                ins.extend(b for b in a if isinstance(b, Tensor))
+        if kwargs:
+            for a in kwargs.values():
+                if isinstance(a, Tensor):
+                    ins.append(a)
+                elif a.__class__ is list or a.__class__ is tuple:
+                    ins.extend(b for b in a if isinstance(b, Tensor))
         sim = self.sim
         forced = self.forced
         if sim is not None:
-            target = kwargs.get("device")
-            if _names_cuda(target):
-                # A real cuda device reached an aten op (torch.set_default_device("cuda"), or
-                # torch code handed one): build on the host, or copy there, as a GPU would.
-                if ins and info.short == "_to_copy":
-                    return sim.dispatch_transfer(func, args, kwargs)
-                kwargs = {**kwargs, "device": _CPU}
-                forced = True
-            on_dev = sim.on_device
-            dev_in = [on_dev(t) for t in ins]
-            any_dev = True in dev_in
-            if any_dev and False in dev_in and not info.mixed_ok and forced is None:
-                sim.check_mixed(ins, dev_in)
+            if kwargs:
+                target = kwargs.get("device")
+                if target is not None and _names_cuda(target):
+                    # A real cuda device reached an aten op (torch.set_default_device("cuda"),
+                    # or torch code handed one): build on the host, or copy there, as a GPU
+                    # would.
+                    if ins and info.short == "_to_copy":
+                        return sim.dispatch_transfer(func, args, kwargs)
+                    kwargs = {**kwargs, "device": _CPU}
+                    forced = True
+            marks = sim.cuda_marks.refs
+            if marks:
+                dev_in = [_storage_key(t) in marks for t in ins]
+                any_dev = True in dev_in
+                if any_dev and False in dev_in and not info.mixed_ok and forced is None:
+                    sim.check_mixed(ins, dev_in)
+            else:
+                dev_in, any_dev = (), False
         else:
             dev_in = [t.is_cuda for t in ins]
             any_dev = True in dev_in
@@ -133,7 +150,25 @@ class TraceState:
                 copied = self._real_copy(info, func, args, kwargs)
                 if copied is not None:
                     return copied[0]
-        site = self.sites.resolve()
+
+        # the call site: the innermost frame of user code (see sites.py for the cache)
+        frame = _getframe(1)
+        codes = self.sites.codes
+        while frame is not None:
+            entry = codes.get(id(frame.f_code))
+            if entry is None:
+                entry = self.sites.classify(frame.f_code)
+            if entry is not False:
+                break
+            frame = frame.f_back
+        if frame is None:
+            site = None
+        else:
+            site = entry.get(frame.f_lasti)
+            if site is None:
+                site = self.sites.new_site(frame, entry)
+        del frame  # a frame holds the program's locals: never keep it past the call
+
         timer = self.timer
         if timer is not None and (any_dev or (not ins and _names_cuda(kwargs.get("device")))):
             mark = timer.begin()
@@ -142,7 +177,10 @@ class TraceState:
         t0 = perf_counter_ns()
         out = func(*args, **kwargs)
         host_ns = perf_counter_ns() - t0
-        outs = tensors_out(out)
+        if isinstance(out, Tensor):
+            outs = [out]
+        else:
+            outs = tensors_out(out)
 
         if sim is not None:
             if forced is not None:
@@ -152,9 +190,15 @@ class TraceState:
             else:
                 cuda_out = self.call_args is not None and sim.any_cuda(*self.call_args)
             if cuda_out:
+                add = sim.cuda_marks.add
                 for o in outs:
-                    sim.mark_cuda(o)
-            device = "cuda:0" if (cuda_out or any_dev) else "cpu"
+                    try:
+                        add(o.untyped_storage())
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        pass  # sparse, nested or storage-less tensors: never marked
+                device = "cuda:0"
+            else:
+                device = "cuda:0" if any_dev else "cpu"
         elif any_dev:
             device = f"cuda:{ins[dev_in.index(True)].get_device()}"
         elif outs and outs[0].is_cuda:
@@ -166,35 +210,71 @@ class TraceState:
         sync = info.sync
         copy_is_op = sync is not None and not info.kernel and any_dev and dev_in[0]
         if not copy_is_op:
-            agg = col.op(info.name, device, site)
+            key = (info.name, device, id(site))
+            agg = col.ops.get(key)
+            if agg is None:
+                agg = col.new_op(key, info.name, device, site)
             run_ns = host_ns
             device_ns = flops = nbytes = 0
             if info.kernel:
-                flops, nbytes, dclass = _work(info, args, kwargs, ins, outs)
+                if info.flops is not None:
+                    try:
+                        flops = info.flops(args, kwargs, outs)
+                    except Exception:  # a formula that does not fit these arguments
+                        flops = 0
+                for t in ins:
+                    nbytes += t.nbytes
+                for o in outs:
+                    nbytes += o.nbytes
             if device != "cpu":
                 if sim is None:
                     if mark is not None:
                         timer.end(mark, agg, host_ns)
                 elif info.kernel:  # simulated kernel: modeled; the host pays the launch only
+                    ref = outs[0] if outs else (ins[0] if ins else None)
+                    dclass = (DTYPE_CLASS.get(ref.dtype, "other") if flops and ref is not None
+                              else "other")
                     device_ns = self.profile.kernel_ns(flops, nbytes, dclass)
-                    host_ns = self.timeline.enqueue(self.profile.launch_ns, device_ns)
+                    host_ns = timeline.enqueue(self.profile.launch_ns, device_ns)
                 else:
-                    self.timeline.host(host_ns)
-            elif self.timeline is not None:
-                self.timeline.host(host_ns)
-            col.add_op(agg, host_ns, device_ns, run_ns, flops, nbytes)
+                    timeline.host_ns += host_ns
+            elif timeline is not None:
+                timeline.host_ns += host_ns
+            agg.calls += 1
+            agg.host_ns += host_ns
+            agg.device_ns += device_ns
+            agg.run_ns += run_ns
+            agg.flops += flops
+            agg.bytes += nbytes
+            total = host_ns + device_ns
+            if agg.min_ns < 0 or total < agg.min_ns:
+                agg.min_ns = total
+            if total > agg.max_ns:
+                agg.max_ns = total
+            if col.chrome is not None:
+                col.chrome_op(agg, host_ns, device_ns)
+
+            # producers and consumers: the op graph's edges, and the reads that end copies
+            producers = col.producers
             pending = col.has_pending()
+            flows_in = agg.flows_in
             for t in ins:
                 if pending:
                     col.consume(t, agg.ref)
-                made_by = col.producer_of(t)
-                if made_by is not None:
-                    col.flow(made_by, agg.ref, t.nbytes)
-            producer = agg.ref
+                made = producers.get(id(t))
+                if made is not None and made() is t:
+                    made_by = made.value
+                    edge = flows_in.get(id(made_by))
+                    if edge is None:
+                        edge = flows_in[id(made_by)] = [made_by, 0, 0]
+                    edge[1] += 1
+                    edge[2] += t.nbytes
+            producer = agg
             if info.short in _PASS_THROUGH and ins:
-                producer = col.producer_of(ins[0]) or producer
+                producer = col.producer_agg(ins[0]) or agg
+            set_producer = col.set_producer
             for o in outs:
-                col.set_producer(o, producer)
+                set_producer(o, producer)
         elif mark is not None:
             timer.cancel(mark)  # the op is a copy: its time is the copy's
 
@@ -211,7 +291,7 @@ class TraceState:
                     self.sync_copy("DtoH", "repeat_interleave", 8, ins[0], site, 0)
             elif info.index:
                 self._index_copies(info, args, site)
-        self.returned()
+        self.last_exit = perf_counter_ns()
         return out
 
     def _index_copies(self, info: OpInfo, args: tuple, site: Any) -> None:
@@ -291,8 +371,7 @@ class TraceState:
             stack=self.sites.stack_at(site), producer=producer, dst=dst_t,
             shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""))
         self.timer.end(mark, pending, host_ns)
-        if producer is not None:
-            self.collector.set_producer(dst_t, producer)
+        self.collector.inherit_producer(dst_t, src)
         self.returned()
         return (out,)
 
