@@ -8,6 +8,12 @@ from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import flop_registry
 
+try:  # the Python frame from which the autograd engine runs a backward pass
+    from torch.autograd.graph import _engine_run_backward
+    ENGINE_RUN_BACKWARD = _engine_run_backward.__code__
+except (ImportError, AttributeError):  # another torch: ops in backward walk the stack
+    ENGINE_RUN_BACKWARD = None
+
 
 def dynamo_skip_frame(code) -> None:
     """Have torch.compile's frame evaluation run this code object as it is, never compile
@@ -31,7 +37,7 @@ def default_device_type() -> str:
     return context.device.type if context is not None else "cpu"
 
 
-__all__ = ["default_device_type", "dynamo_skip_frame", "_device_constructors",
+__all__ = ["ENGINE_RUN_BACKWARD", "default_device_type", "dynamo_skip_frame", "_device_constructors",
            "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry", "set_eval_frame"]
 

@@ -170,7 +170,8 @@ class Collector:
         #: id(tensor) -> TensorRef whose value is the OpAgg that made the tensor's data
         self.producers: dict[int, TensorRef] = {}
         self.sweep_at = PRODUCER_SWEEP_MIN
-        self._pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
+        #: id(tensor) -> (weak reference, the copy into it awaiting its first reader)
+        self.pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
 
     # ----- ops -----
     def op(self, name: str, device: str, site: Site | None) -> OpAgg:
@@ -287,28 +288,25 @@ class Collector:
 
     def _hold(self, t: torch.Tensor, pending: PendingCopy) -> None:
         k = id(t)
-        old = self._pending.get(k)
+        old = self.pending.get(k)
         if old is not None:  # a second copy into the same tensor before any op read it
             old[1].holders -= 1
             if old[1].holders == 0 and old[1].agg is None:
                 self._finish(old[1], None)
-        self._pending[k] = (weakref.KeyedRef(t, self._drop_pending, k), pending)
+        self.pending[k] = (weakref.KeyedRef(t, self._drop_pending, k), pending)
         pending.holders += 1
 
     def _drop_pending(self, ref: weakref.KeyedRef) -> None:
-        entry = self._pending.get(ref.key)
+        entry = self.pending.get(ref.key)
         if entry is not None and entry[0] is ref:
-            del self._pending[ref.key]
+            del self.pending[ref.key]
             pending = entry[1]
             pending.holders -= 1
             if pending.holders == 0 and pending.agg is None:
                 self._finish(pending, None)  # freed before any op read it
 
-    def has_pending(self) -> bool:
-        return bool(self._pending)
-
     def _pending_of(self, t: torch.Tensor) -> PendingCopy | None:
-        entry = self._pending.get(id(t))
+        entry = self.pending.get(id(t))
         if entry is not None and entry[0]() is t:
             return entry[1]
         return None
@@ -317,7 +315,7 @@ class Collector:
         """`consumer` read t: if t holds a copy's destination, that copy's consumer is found."""
         pending = self._pending_of(t)
         if pending is not None:
-            del self._pending[id(t)]
+            del self.pending[id(t)]
             pending.holders -= 1
             if pending.agg is None:
                 self._finish(pending, consumer)
@@ -326,9 +324,9 @@ class Collector:
         """`new.data = old`: new now holds old's data, so it inherits old's producer and the
         copy waiting for a consumer (Module.to() moves parameters this way)."""
         self.inherit_producer(new, old)
-        entry = self._pending.get(id(old))
+        entry = self.pending.get(id(old))
         if entry is not None and entry[0]() is old:
-            del self._pending[id(old)]
+            del self.pending[id(old)]
             entry[1].holders -= 1
             self._hold(new, entry[1])
 
@@ -364,10 +362,10 @@ class Collector:
     # ----- results -----
     def finish(self) -> None:
         """Copies never read by an op before the end get a null consumer."""
-        for _, pending in list(self._pending.values()):
+        for _, pending in list(self.pending.values()):
             if pending.agg is None:
                 self._finish(pending, None)
-        self._pending.clear()
+        self.pending.clear()
         self.producers.clear()
 
     def event_rows(self) -> list[EventRow]:

@@ -9,6 +9,8 @@ handling is off, so the tracer never traces itself.
 
 from __future__ import annotations
 
+import sys
+import types
 from time import perf_counter_ns
 from typing import Any, Callable
 
@@ -48,15 +50,23 @@ class DispatchMode(TorchDispatchMode):
         try:
             state = self.state
             if state.suspended:
-                return func(*args, **(kwargs or {}))
+                return func(*args, **(kwargs if kwargs is not None else _NO_KWARGS))
             with _DisableTorchFunction():
-                return state.dispatch(func, args, kwargs or {})
+                return state.dispatch(func, args, kwargs if kwargs is not None else _NO_KWARGS)
         finally:
             set_eval_frame(prior)
 
 
 #: What the function mode does with a Python-level call, decided once per callable.
-_PLAIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(5)
+#: _BUILTIN is a plain call into C++ (torch.mm, Tensor.add): no Python runs inside it, so
+#: every op it dispatches has the call site of the call, found once here rather than by a
+#: stack walk per op. A call into Python code (_PLAIN) may reach the user's code again
+#: (a hook, a custom autograd Function), so its ops walk the stack.
+_PLAIN, _BUILTIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(6)
+_C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
+                types.WrapperDescriptorType, types.MethodWrapperType)
+_getframe = sys._getframe
+_NO_KWARGS: dict = {}  # shared: neither torch nor the tracer changes a kwargs dict in place
 
 
 class FunctionMode(TorchFunctionMode):
@@ -77,6 +87,8 @@ class FunctionMode(TorchFunctionMode):
             kind = _TRIGGER
         elif getattr(func, "__name__", None) == "__get__":
             kind = _GETTER
+        elif isinstance(func, _C_CALLABLES):
+            kind = _BUILTIN
         else:
             kind = _PLAIN
         try:
@@ -87,9 +99,9 @@ class FunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        if kwargs is None:
-            kwargs = {}
         state = self.state
+        if kwargs is None:
+            kwargs = _NO_KWARGS
         if state.suspended:
             return func(*args, **kwargs)
         try:
@@ -102,30 +114,35 @@ class FunctionMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if kind == _HANDLED:
             return self.handlers[func](func, args, kwargs)
-        trigger = TRIGGERS.get(func) if kind != _PLAIN else None
-        if self.factory is None:  # real GPU: only name the trigger
-            if trigger is None:
-                return func(*args, **kwargs)
-            prev = state.trigger
-            state.trigger = trigger
+        sim = self.factory is not None
+        if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
+            return self.factory(func, args, kwargs)
+        # the arguments of the call now running are read (on the simulated GPU) only if an
+        # op inside it has no tensor inputs
+        if kind == _BUILTIN:  # the commonest call: no trigger to name
+            prev_call, prev_site = state.call_args, state.call_site
+            state.call_site = state.sites.resolve_from(_getframe(1))
+            state.call_args = (args, kwargs)
             try:
                 return func(*args, **kwargs)
             finally:
-                state.trigger = prev
-        # simulated GPU
-        if kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
-            return self.factory(func, args, kwargs)
-        if kind == _DATA_FACTORY and default_device_type() == "cuda":
+                state.call_args, state.call_site = prev_call, prev_site
+        if not sim and kind == _PLAIN:
+            return func(*args, **kwargs)
+        if sim and kind == _DATA_FACTORY and default_device_type() == "cuda":
             # under torch.set_default_device("cuda") torch would build these on the device
             return self.factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
-        prev, prev_call = state.trigger, state.call_args
+        trigger = TRIGGERS.get(func)
+        prev, prev_call, prev_backward = state.trigger, state.call_args, state.backward_site
         if trigger is not None:
             state.trigger = trigger
-        state.call_args = (args, kwargs)  # read only if an op inside has no tensor inputs
+            if trigger == "backward":
+                state.backward_site = state.sites.resolve_from(_getframe(1))
+        state.call_args = (args, kwargs)
         try:
             return func(*args, **kwargs)
         finally:
-            state.trigger, state.call_args = prev, prev_call
+            state.trigger, state.call_args, state.backward_site = prev, prev_call, prev_backward
 
 
 def common_handlers(state: TraceState) -> dict[Any, Callable]:

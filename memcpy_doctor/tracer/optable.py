@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from torch._ops import OpOverload
+
 from .._torch_private import flop_registry
 
 #: Python-level calls that cause copies, by the trigger name a copy they cause is given.
@@ -114,6 +116,9 @@ class OpInfo:
     mixed_ok: bool
     repeat_interleave_tensor: bool  # sizes its output from a device tensor unless told
     flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
+    #: what calling the overload calls: OpOverload.__call__ only forwards to the C++ `_op`,
+    #: and calling that directly saves a Python frame an op
+    call: Callable[..., Any]
 
 
 def _mm_flops(args: tuple, kwargs: dict, outs: list) -> int:
@@ -171,6 +176,8 @@ def op_info(func: Any) -> OpInfo:
                                       and func._overloadname.startswith("Tensor")),
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
+            call=(func._op if type(func).__call__ is OpOverload.__call__
+                  and hasattr(func, "_op") else func),
         )
         OP_INFO[id(func)] = info
         _KEPT.append(func)

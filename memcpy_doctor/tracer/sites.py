@@ -103,6 +103,20 @@ class SiteResolver:
         """The current user call site, or None when no user frame is on the stack."""
         return self.site_of(self.user_frame())
 
+    def resolve_from(self, frame: FrameType | None) -> Site | None:
+        """The user call site at or above `frame` (resolve() and site_of() in one, for the
+        per-op path)."""
+        codes = self.codes
+        while frame is not None:
+            entry = codes.get(id(frame.f_code))
+            if entry is None:
+                entry = self.classify(frame.f_code)
+            if entry is not False:
+                site = entry.get(frame.f_lasti)
+                return site if site is not None else self.new_site(frame, entry)
+            frame = frame.f_back
+        return None
+
     def stack_at(self, site: Site | None) -> list[Site]:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
         its first call, so later calls at the site need no walk)."""

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from ..analysis.costmodel import DeviceProfile, Timeline
-from .collector import Collector
+from .collector import Collector, TensorRef
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
+from .._torch_private import ENGINE_RUN_BACKWARD
 from .sites import SiteResolver
 
 Tensor = torch.Tensor
@@ -25,6 +26,9 @@ Tensor = torch.Tensor
 _PASS_THROUGH = frozenset({"detach", "alias", "lift_fresh"})
 _CPU = torch.device("cpu")
 _getframe = sys._getframe
+
+#: TraceState.call_site when the op's call site must be found by walking the stack.
+UNRESOLVED = object()
 
 
 def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
@@ -56,20 +60,13 @@ def tensors_out(out: Any) -> list[Tensor]:
     return []
 
 
-def _storage_key(t: Tensor) -> int:
-    """id of t's storage object (the key of the simulated GPU's marks), or 0 without one."""
-    try:
-        return id(t.untyped_storage())
-    except (RuntimeError, NotImplementedError, TypeError):
-        return 0  # sparse, nested or storage-less tensors: never marked
-
-
 class TraceState:
     """Everything one run of the tracer records, and the rules it records by."""
 
     def __init__(self, profile: DeviceProfile, sim: Any, timer: Any,
                  log_transfers: int = 0) -> None:
         self.profile = profile
+        self.launch_ns = profile.launch_ns
         self.sim = sim  # SimDevice, or None on a real GPU
         self.timer = timer  # CudaTimer on a real GPU, else None
         self.collector = Collector(log_transfers)
@@ -81,6 +78,12 @@ class TraceState:
         # simulated: the arguments of the torch call now running; an op inside it with no
         # tensor inputs (a factory inside a composite op) is on cuda if they are
         self.call_args: tuple[tuple, dict] | None = None
+        #: the user call site of the Python-level call now running, when the function mode
+        #: knows every op inside it has that site (see FunctionMode); else UNRESOLVED
+        self.call_site: Any = UNRESOLVED
+        #: the user call site of the Tensor.backward() call now running, if any: the site of
+        #: every op the autograd engine runs for it without Python code in between
+        self.backward_site: Any = UNRESOLVED
         self.last_exit = perf_counter_ns()
         self.untraced_threads: list[str] = []  # threads started while tracing
 
@@ -108,12 +111,11 @@ class TraceState:
         if timeline is not None and now > self.last_exit:  # the program's own time since
             timeline.host_ns += now - self.last_exit
         info = OP_INFO.get(id(func)) or op_info(func)
-        ins = []
-        for a in args:
-            if isinstance(a, Tensor):
-                ins.append(a)
-            elif a.__class__ is list or a.__class__ is tuple:
-                ins.extend(b for b in a if isinstance(b, Tensor))
+        ins = [a for a in args if isinstance(a, Tensor)]
+        if len(ins) < len(args):  # a Tensor[] argument (cat, index), or a scalar
+            for a in args:
+                if a.__class__ is list or a.__class__ is tuple:
+                    ins.extend(b for b in a if isinstance(b, Tensor))
         if kwargs:
             for a in kwargs.values():
                 if isinstance(a, Tensor):
@@ -135,7 +137,12 @@ class TraceState:
                     forced = True
             marks = sim.cuda_marks.refs
             if marks:
-                dev_in = [_storage_key(t) in marks for t in ins]
+                dev_in = []
+                for t in ins:
+                    try:
+                        dev_in.append(id(t.untyped_storage()) in marks)
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        dev_in.append(False)  # sparse, nested, storage-less: never marked
                 any_dev = True in dev_in
                 if any_dev and False in dev_in and not info.mixed_ok and forced is None:
                     sim.check_mixed(ins, dev_in)
@@ -151,23 +158,15 @@ class TraceState:
                 if copied is not None:
                     return copied[0]
 
-        # the call site: the innermost frame of user code (see sites.py for the cache)
-        frame = _getframe(1)
-        codes = self.sites.codes
-        while frame is not None:
-            entry = codes.get(id(frame.f_code))
-            if entry is None:
-                entry = self.sites.classify(frame.f_code)
-            if entry is not False:
-                break
-            frame = frame.f_back
-        if frame is None:
-            site = None
-        else:
-            site = entry.get(frame.f_lasti)
-            if site is None:
-                site = self.sites.new_site(frame, entry)
-        del frame  # a frame holds the program's locals: never keep it past the call
+        site = self.call_site  # set by the function mode for a call into C++
+        if site is UNRESOLVED:
+            caller = _getframe(1).f_back  # the Python frame below the C++ that ran this op
+            if (caller is not None and caller.f_code is ENGINE_RUN_BACKWARD
+                    and self.backward_site is not UNRESOLVED):
+                site = self.backward_site  # straight from the autograd engine: no user code
+            else:  # (a hook or custom Function would be the caller) between the two
+                site = self.sites.resolve_from(caller)
+            del caller  # a frame holds the program's locals: never keep it past the call
 
         timer = self.timer
         if timer is not None and (any_dev or (not ins and _names_cuda(kwargs.get("device")))):
@@ -175,7 +174,7 @@ class TraceState:
         else:
             mark = None
         t0 = perf_counter_ns()
-        out = func(*args, **kwargs)
+        out = info.call(*args, **kwargs)
         host_ns = perf_counter_ns() - t0
         if isinstance(out, Tensor):
             outs = [out]
@@ -190,12 +189,14 @@ class TraceState:
             else:
                 cuda_out = self.call_args is not None and sim.any_cuda(*self.call_args)
             if cuda_out:
-                add = sim.cuda_marks.add
+                marks = sim.cuda_marks.refs
                 for o in outs:
                     try:
-                        add(o.untyped_storage())
+                        storage = o.untyped_storage()
                     except (RuntimeError, NotImplementedError, TypeError):
-                        pass  # sparse, nested or storage-less tensors: never marked
+                        continue  # sparse, nested or storage-less tensors: never marked
+                    if id(storage) not in marks:  # a new storage (not a view, not in place)
+                        sim.cuda_marks.add(storage)
                 device = "cuda:0"
             else:
                 device = "cuda:0" if any_dev else "cpu"
@@ -235,7 +236,14 @@ class TraceState:
                     dclass = (DTYPE_CLASS.get(ref.dtype, "other") if flops and ref is not None
                               else "other")
                     device_ns = self.profile.kernel_ns(flops, nbytes, dclass)
-                    host_ns = timeline.enqueue(self.profile.launch_ns, device_ns)
+                    # Timeline.enqueue, inlined: the host pays the launch, the device runs
+                    # the kernel when it is free
+                    host_ns = self.launch_ns
+                    timeline.host_ns += host_ns
+                    start = timeline.host_ns
+                    if timeline.device_ns > start:
+                        start = timeline.device_ns
+                    timeline.device_ns = start + device_ns
                 else:
                     timeline.host_ns += host_ns
             elif timeline is not None:
@@ -256,7 +264,7 @@ class TraceState:
 
             # producers and consumers: the op graph's edges, and the reads that end copies
             producers = col.producers
-            pending = col.has_pending()
+            pending = bool(col.pending)
             flows_in = agg.flows_in
             for t in ins:
                 if pending:
@@ -272,9 +280,15 @@ class TraceState:
             producer = agg
             if info.short in _PASS_THROUGH and ins:
                 producer = col.producer_agg(ins[0]) or agg
-            set_producer = col.set_producer
-            for o in outs:
-                set_producer(o, producer)
+            for o in outs:  # Collector.set_producer, inlined
+                made = producers.get(id(o))
+                if made is not None and made() is o:
+                    made.value = producer
+                else:
+                    made = producers[id(o)] = TensorRef(o)
+                    made.value = producer
+            if len(producers) > col.sweep_at:
+                col.sweep()
         elif mark is not None:
             timer.cancel(mark)  # the op is a copy: its time is the copy's
 
