@@ -1,12 +1,20 @@
 """The `memcpy-doctor` command: a thin layer over the runner, the trace and the renderers.
 
 Exit status: the profiled script's own for `profile` (1 when it succeeded but a --gate failed);
-for `check`, 0 passed and 1 a gate failed; 2 for a usage error (bad option, missing file,
-unreadable trace) with one line on stderr; 130 after Ctrl-C.
+a script ended by SIGTERM or SIGHUP dies of that signal after its report and trace are written
+(a shell shows 128+N, e.g. 143); `profile --ranks N` exits with the highest status of the
+ranks that ended on their own. For `check`, 0 passed and 1 a gate failed (on any rank); 2 for
+a usage error (bad option, missing file, unreadable trace) with one line on stderr; 130 after
+Ctrl-C.
+
+`explain`, `check` and `diff` take the traces of several ranks (several files, a glob, or the
+name given to `profile -o`, which stands for its `.rankK` traces): see rankenv.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 
@@ -34,6 +42,11 @@ from .render.explain import (FORMATS as EXPLAIN_FORMATS, render_explain_json,
 from .trace import Trace, TraceError
 from . import calibrate as calib
 from .tracer import Tracer
+from .analysis.ranks import compare_ranks, merge as merge_ranks
+from .launch import launch, worst_status
+from .rankenv import RankError, RankInfo, expand_traces, path_for, rank_info, rank_path
+from .render.ranks import (group_title, rank_label, ranks_dict, render_differences_text,
+                           render_ranks_markdown, render_ranks_text)
 
 
 class UsageProblem(click.UsageError):
@@ -121,15 +134,31 @@ def _run_gates(trace: Trace, config: GateConfig, fmt: str) -> tuple[bool, str]:
 @_gate_options
 @click.option("--gate-format", type=click.Choice(CHECK_FORMATS), default="text",
               show_default=True, help="Format of the gate result (printed to stdout).")
+@click.option("--ranks", metavar="N", type=click.IntRange(min=1), default=None,
+              help="Start N ranks of a distributed run here, as `torchrun --nproc-per-node N` "
+                   "would (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); one trace per rank.")
+@click.option("--no-report", is_flag=True, hidden=True,
+              help="Write the trace only (the ranks of --ranks: the launcher reports).")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
             log_transfers: int, apply_path: str | None, chrome_trace: str | None,
             gate: bool, limits, baseline,
-            tolerances, allow, config_path, gate_format: str, script: str,
-            args: tuple[str, ...]) -> None:
+            tolerances, allow, config_path, gate_format: str, ranks: int | None,
+            no_report: bool, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
-    (to stderr) and write the trace. Options after SCRIPT belong to the script."""
+    (to stderr) and write the trace. Options after SCRIPT belong to the script.
+
+    Under torchrun (RANK and WORLD_SIZE set) or with --ranks N, each rank writes its own
+    trace, the rank before the extension: -o trace.json gives trace.rank0.json, ..."""
+    try:
+        rank = rank_info()
+    except RankError as e:
+        raise UsageProblem(str(e)) from None
+    if ranks is not None and rank is not None:
+        raise UsageProblem(f"--ranks: this process is already rank {rank.rank} of "
+                           f"{rank.world_size} (RANK and WORLD_SIZE are set): use --ranks or "
+                           "a launcher such as torchrun, not both")
     gating = gate or bool(limits or baseline)
     config = (_gate_config(limits, tolerances, allow, baseline, config_path) if gating
               else None)
@@ -137,11 +166,20 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         raise UsageProblem("--gate: nothing to check: give --max NAME=VALUE or --baseline, or "
                            "set [tool.memcpy-doctor] in pyproject.toml")
     if config is not None and config.baseline:
-        _load(config.baseline)  # an unreadable baseline is a usage error, before the run
+        config = _rank_baseline(config, rank)
+        if ranks is None:
+            _load(config.baseline)  # an unreadable baseline is a usage error, before the run
+        else:
+            _load_many((config.baseline,))
+    if ranks is not None and ranks > 1 and config is not None:
+        _check_formats(gate_format, ranks)
+    output = path_for(output, rank)
     out_path = os.path.abspath(output)  # taken now: the script may change directory
     out_dir = os.path.dirname(out_path)
     if not os.path.isdir(out_dir):
         raise UsageProblem(f"-o {output}: directory {out_dir} does not exist")
+    if chrome_trace:
+        chrome_trace = path_for(chrome_trace, rank)
     try:
         tracer = Tracer(device=device, profile=device_profile,
                         command=["memcpy-doctor", "profile", script, *args],
@@ -153,19 +191,25 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         edits = load_edits(apply_path) if apply_path else None
     except ApplyError as e:
         raise UsageProblem(str(e)) from None
-    def finish_hard_exit(hard: RunResult) -> None:  # os._exit: report and trace, then die
+    if ranks is not None:
+        sys.exit(_profile_ranks(ranks, script, args, device, device_profile, output, sort,
+                                log_transfers, apply_path, chrome_trace, config, gate_format))
+
+    def finish_hard_exit(hard: RunResult) -> None:  # os._exit, a signal: report, trace, die
         sys.stdout.flush()
-        click.echo(render_text(hard.trace, sort=sort), err=True)
+        if not no_report:
+            click.echo(render_text(hard.trace, sort=sort), err=True)
         try:
             hard.trace.save(out_path)
-            click.echo(f"memcpy-doctor: trace written to {output}", err=True)
+            if not no_report:
+                click.echo(f"memcpy-doctor: trace written to {output}", err=True)
         except OSError as e:
             click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}",
                        err=True)
         sys.stderr.flush()
 
     try:
-        result = run_script(script, list(args), tracer, edits, finish_hard_exit)
+        result = run_script(script, list(args), tracer, edits, finish_hard_exit, rank)
     except (RuntimeError, ValueError) as e:
         if tracer.trace is None:  # the tracer could not start (e.g. --device cuda, no GPU)
             raise UsageProblem(str(e)) from None
@@ -178,13 +222,15 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     for e in result.missed_edits:
         click.echo(f"memcpy-doctor: --apply: not applied at {e.file}:{e.line} (only statements "
                    "of SCRIPT itself can be guarded)", err=True)
-    click.echo(render_text(result.trace, sort=sort), err=True)
+    if not no_report:
+        click.echo(render_text(result.trace, sort=sort), err=True)
     try:
         result.trace.save(out_path)
     except OSError as e:
         click.echo(f"memcpy-doctor: cannot write trace {output}: {e.strerror or e}", err=True)
         sys.exit(EXIT_USAGE)
-    click.echo(f"memcpy-doctor: trace written to {output}", err=True)
+    if not no_report:
+        click.echo(f"memcpy-doctor: trace written to {output}", err=True)
     if chrome_trace and tracer.chrome is not None:
         _emit(render_chrome(tracer.chrome, result.trace.meta.device_name,
                             result.trace.meta.simulated), chrome_trace)
@@ -214,38 +260,181 @@ def _load(path: str) -> Trace:
         raise UsageProblem(str(e)) from None
 
 
+def _load_many(args: tuple[str, ...] | list[str]) -> tuple[list[Trace], list[str]]:
+    """The traces `args` name (globs and rank traces expanded, see rankenv.expand_traces) and
+    their file names; in rank order when every one has a rank."""
+    try:
+        names = expand_traces(list(args))
+    except RankError as e:
+        raise UsageProblem(str(e)) from None
+    traces = [_load(n) for n in names]
+    if len(traces) > 1 and all(t.meta.rank is not None for t in traces):
+        order = sorted(range(len(traces)), key=lambda i: traces[i].meta.rank)
+        traces, names = [traces[i] for i in order], [names[i] for i in order]
+    return traces, names
+
+
+def _rank_baseline(config: GateConfig, rank: RankInfo | None) -> GateConfig:
+    """A rank compares with the same rank's baseline where there is one (base.rank1.json for
+    --baseline base.json), else with the baseline as named."""
+    own = path_for(config.baseline, rank)
+    if own != config.baseline and os.path.exists(own):
+        return dataclasses.replace(config, baseline=own)
+    return config
+
+
+def _check_formats(fmt: str, count: int) -> None:
+    if count > 1 and fmt in ("sarif", "junit"):
+        raise UsageProblem(f"--format {fmt} gates one trace at a time, not {count}: give one "
+                           "rank's trace, or use text, json or github")
+
+
+def _run_gates_many(traces: list[Trace], names: list[str], config: GateConfig,
+                    fmt: str) -> tuple[bool, str]:
+    """Gate each trace (each rank against its own baseline, see _rank_baseline); the output
+    of several: each rank's result under its label, then the ranks whose copies differ."""
+    if len(traces) == 1:
+        return _run_gates(traces[0], config, fmt)
+    _check_formats(fmt, len(traces))
+    results = []
+    for i, trace in enumerate(traces):
+        rank = (RankInfo(trace.meta.rank, trace.meta.world_size or len(traces), 0)
+                if trace.meta.rank is not None else None)
+        own = _rank_baseline(config, rank) if config.baseline else config
+        results.append((i, *_run_gates(trace, own, fmt)))
+    passed = all(ok for _, ok, _ in results)
+    comp = compare_ranks(traces)
+    if fmt == "json":
+        return passed, json.dumps({
+            "passed": passed,
+            "ranks": [{"rank": traces[i].meta.rank, "trace": names[i], **json.loads(text)}
+                      for i, _, text in results],
+            "comparison": ranks_dict(comp, names)}, indent=1) + "\n"
+    if fmt == "github":
+        return passed, "".join(text for _, _, text in results)
+    parts = [f"== {rank_label(traces[i].meta.rank, i)} ({names[i]}) ==\n{text}"
+             for i, _, text in results]
+    failed = sum(not ok for _, ok, _ in results)
+    parts.append("\n".join(render_differences_text(comp, config.root)).rstrip("\n") + "\n")
+    parts.append(f"memcpy-doctor check: {'passed' if passed else 'FAILED'} "
+                 f"({len(results) - failed} of {len(results)} traces passed)\n")
+    return passed, "\n".join(parts)
+
+
+def _profile_ranks(n: int, script: str, args: tuple[str, ...], device: str,
+                   device_profile: str | None, output: str, sort: str, log_transfers: int,
+                   apply_path: str | None, chrome_trace: str | None,
+                   config: GateConfig | None, gate_format: str) -> int:
+    """`profile --ranks N`: run the ranks (each a `profile --no-report` that finds its rank in
+    the environment), then print each rank's report, the ranks side by side, and the gates
+    of each. Returns the exit status."""
+    out_path = os.path.abspath(output)
+    cmd = [sys.executable, "-m", "memcpy_doctor", "profile", "--no-report", "--device", device,
+           "-o", out_path, "--sort", sort, "--log-transfers", str(log_transfers)]
+    if device_profile:
+        cmd += ["--device-profile", (os.path.abspath(device_profile)
+                                     if os.path.exists(device_profile) else device_profile)]
+    if apply_path:
+        cmd += ["--apply", os.path.abspath(apply_path)]
+    if chrome_trace:
+        cmd += ["--chrome-trace", os.path.abspath(chrome_trace)]
+    cmd += [script, *args]
+    if n == 1:
+        paths = [(out_path, output)]
+    else:
+        paths = [(rank_path(out_path, r), rank_path(output, r)) for r in range(n)]
+    for path, _ in paths:  # a trace left from an earlier run must not pass for this one's
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    exits, interrupted = launch(cmd, n)
+    sys.stdout.flush()
+    traces, names = [], []
+    for e, (path, name) in zip(exits, paths):
+        try:
+            trace = Trace.load(path)
+        except TraceError:
+            how = f"killed by signal {e.signal}" if e.signal else f"exit status {e.status}"
+            click.echo(f"memcpy-doctor: rank {e.rank} wrote no trace ({how})", err=True)
+            continue
+        click.echo(render_text(trace, sort=sort), err=True)
+        traces.append(trace)
+        names.append(name)
+    if len(traces) > 1:
+        click.echo(render_ranks_text(compare_ranks(traces), names), err=True)
+    if traces:
+        click.echo(f"memcpy-doctor: trace{'s' if len(names) > 1 else ''} written to "
+                   f"{', '.join(names)}", err=True)
+    status = EXIT_INTERRUPTED if interrupted else worst_status(exits)
+    if config is not None and traces:
+        passed, text = _run_gates_many(traces, names, config, gate_format)
+        click.echo(text, nl=False)
+        if not passed and status == 0:
+            status = EXIT_GATE_FAILED
+    return status
+
+
 @cli.command()
-@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE_PATH)
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(EXPLAIN_FORMATS), default="text",
               show_default=True, help="Output format.")
 @click.option("--log", is_flag=True,
               help="Print every logged transfer in order (profile with --log-transfers N).")
 @click.option("--device-memory", metavar="SIZE", default=None,
               help="Device memory budget for the placement, e.g. 4GiB.")
-def explain(trace: str, fmt: str, log: bool, device_memory: str | None) -> None:
+def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | None) -> None:
     """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
     last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
-    them, largest saving first. Runs nothing and needs no GPU."""
-    loaded = _load(trace)
+    them, largest saving first. Runs nothing and needs no GPU.
+
+    Several TRACES (the ranks of one run: files, a glob, or the name given to `profile -o`)
+    give a table per rank and merged, flag the ranks whose sync copies differ, and explain
+    each group of ranks with the same copies once."""
+    loaded, names = _load_many(traces or (DEFAULT_TRACE_PATH,))
     cwd = os.getcwd()
     if log:
-        click.echo(render_log(loaded, cwd), nl=False)
+        for trace, name in zip(loaded, names):
+            if len(loaded) > 1:
+                click.echo(f"== {name} ==")
+            click.echo(render_log(trace, cwd), nl=False)
         return
     try:
         budget = parse_bytes(device_memory) if device_memory is not None else None
     except ValueError as e:
         raise UsageProblem(f"--device-memory: {e}") from None
+    if len(loaded) == 1:
+        click.echo(_explain_one(loaded[0], fmt, cwd, budget), nl=False)
+        return
+    comp = compare_ranks(loaded)
+    parts = [_explain_one(loaded[g[0]], fmt, cwd, budget) for g in comp.groups]
+    if fmt == "json":
+        click.echo(json.dumps({
+            "ranks": ranks_dict(comp, names),
+            "explanations": [{"traces": [names[i] for i in g], **json.loads(part)}
+                             for g, part in zip(comp.groups, parts)]}, indent=1))
+    elif fmt == "markdown":
+        click.echo("\n".join([render_ranks_markdown(comp, names, cwd)] + [
+            f"# {group_title(comp, g)}\n\n{part}" for g, part in zip(comp.groups, parts)]),
+            nl=False)
+    else:
+        click.echo("\n".join([render_ranks_text(comp, names, cwd)] + [
+            f"== {group_title(comp, g)} ==\n\n{part}" for g, part in zip(comp.groups, parts)]),
+            nl=False)
+
+
+def _explain_one(loaded: Trace, fmt: str, cwd: str, budget: int | None) -> str:
+    """One trace's explanation in `fmt`."""
     explanation = explain_trace(loaded)
     try:
         suggestions = suggest(loaded, explanation, cwd, budget)
     except ValueError as e:  # the budget cannot be met at all
         raise UsageProblem(str(e)) from None
     if fmt == "json":
-        click.echo(render_explain_json(explanation, suggestions), nl=False)
-    elif fmt == "markdown":
-        click.echo(render_explain_markdown(explanation, suggestions, cwd), nl=False)
-    else:
-        click.echo(render_explain_text(explanation, suggestions, cwd), nl=False)
+        return render_explain_json(explanation, suggestions)
+    if fmt == "markdown":
+        return render_explain_markdown(explanation, suggestions, cwd)
+    return render_explain_text(explanation, suggestions, cwd)
 
 
 @cli.command()
@@ -253,26 +442,54 @@ def explain(trace: str, fmt: str, log: bool, device_memory: str | None) -> None:
 @click.argument("after", type=click.Path(dir_okay=False))
 def diff(before: str, after: str) -> None:
     """Compare two saved traces: total time, each memcpy line, the event rows and the sync
-    copy paths that changed."""
-    click.echo(render_diff(compare(_load(before), _load(after)), before, after, os.getcwd()))
+    copy paths that changed.
+
+    BEFORE and AFTER may each stand for the traces of several ranks (a quoted glob, or the
+    name given to `profile -o`): each rank is compared with the same rank, then all ranks
+    merged, and a side whose ranks make different sync copies is flagged."""
+    b, b_names = _load_many((before,))
+    a, a_names = _load_many((after,))
+    cwd = os.getcwd()
+    if len(b) == 1 and len(a) == 1:
+        click.echo(render_diff(compare(b[0], a[0]), b_names[0], a_names[0], cwd))
+        return
+    parts = []
+    if len(b) == len(a):  # in rank order (see _load_many): rank K with rank K
+        for i in range(len(b)):
+            parts.append(f"== {rank_label(b[i].meta.rank, i)} ==\n"
+                         + render_diff(compare(b[i], a[i]), b_names[i], a_names[i], cwd))
+    else:
+        parts.append(f"{len(b)} traces before, {len(a)} after: compared merged only\n")
+    parts.append(f"== all ranks (merged) ==\n"
+                 + render_diff(compare(merge_ranks(b), merge_ranks(a)), f"{before} ({len(b)} traces)",
+                               f"{after} ({len(a)} traces)", cwd))
+    for side, name, traces in (("Before", before, b), ("After", after, a)):
+        comp = compare_ranks(traces)
+        if not comp.uniform:
+            parts.append(f"{side} ({name}): " + "\n".join(render_differences_text(comp, cwd)))
+    click.echo("\n".join(parts))
 
 
 @cli.command(name="check")
-@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE_PATH)
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @_gate_options
 @click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="text",
               show_default=True, help="Output format (github: workflow annotations).")
 @click.option("-o", "--output", metavar="PATH", default=None,
               help="Write the result here instead of stdout.")
-def check_cmd(trace: str, limits, baseline, tolerances, allow, config_path, fmt: str,
-              output: str | None) -> None:
+def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, config_path,
+              fmt: str, output: str | None) -> None:
     """Gate a saved TRACE: thresholds (--max, [tool.memcpy-doctor]) and a baseline.
-    Exit status 0: passed; 1: a gate failed; 2: usage error or unreadable input."""
+    Exit status 0: passed; 1: a gate failed; 2: usage error or unreadable input.
+
+    Several TRACES (the ranks of one run) are gated each on its own, each rank against the
+    same rank's baseline where there is one; it fails when any rank fails."""
     config = _gate_config(limits, tolerances, allow, baseline, config_path)
     if not config.active:
         raise UsageProblem("nothing to check: give --max NAME=VALUE or --baseline, or set "
                            "[tool.memcpy-doctor] in pyproject.toml")
-    passed, text = _run_gates(_load(trace), config, fmt)
+    loaded, names = _load_many(traces or (DEFAULT_TRACE_PATH,))
+    passed, text = _run_gates_many(loaded, names, config, fmt)
     _emit(text, output)
     sys.exit(0 if passed else EXIT_GATE_FAILED)
 

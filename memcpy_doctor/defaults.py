@@ -53,6 +53,11 @@ EXIT_SIGNAL_BASE = 128
 #: Names, since SIGHUP does not exist everywhere.
 HANDLED_SIGNALS = ("SIGTERM", "SIGHUP")
 
+#: Seconds before such a signal is delivered again when it came while the tracer's own code
+#: ran (the handler waits for that code to return; see runner._signal_hook).
+SIGNAL_RETRY_S = 0.001
+SIGNAL_DEFER_MAX_S = 1.0  # then it is acted on wherever it lands
+
 #: `profile --ranks N`: seconds the other ranks get to end on their own after one failed,
 #: then again after SIGTERM before SIGKILL (a rank may be stuck in a collective).
 RANKS_GRACE_S = 5.0

@@ -3,6 +3,14 @@
 `__name__ == "__main__"`, `sys.argv` and `sys.path[0]` are the script's while it runs and
 restored after. The script's own exceptions are caught only to be handed back to the CLI,
 which prints them as Python would and exits with the status Python would.
+
+Two ends skip every cleanup, so the trace is handed over before the process goes: os._exit,
+and a signal whose default action ends the process (SIGTERM, SIGHUP). For those the runner
+puts in handlers only while the script runs, only where the script's process still has the
+default action, and takes them out after; a script that installs its own handler replaces
+ours and keeps working as it would without the tool. After the report and trace are written,
+the signal is raised again with its default action, so the process dies of it: a parent sees
+a signal death, as without the tool (a shell reports 128+N, Python's subprocess -N).
 """
 
 from __future__ import annotations
@@ -11,8 +19,12 @@ import builtins
 import contextlib
 import importlib.machinery
 import io
+import _thread
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 import types
 import warnings
@@ -22,19 +34,23 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .apply import GuardEdit, apply_edits
-from .defaults import EXIT_INTERRUPTED
+from .defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS,
+                       SIGNAL_DEFER_MAX_S, SIGNAL_RETRY_S)
+from .rankenv import RankInfo
 from .trace import Trace
 from .tracer import Tracer
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+#: os._exit as Python has it, before _hard_exit_hook replaces it during a run.
+_REAL_EXIT = os._exit
 
 
 @dataclass
 class RunResult:
     trace: Trace
     exit_status: int
-    ended_by: str  # completed | exit | exception | interrupt
+    ended_by: str  # completed | exit | exception | interrupt | os._exit | SIGTERM | SIGHUP
     exception: BaseException | None = None  # to print, as Python would
     exit_message: str | None = None  # a non-integer sys.exit() argument, printed to stderr
     missed_edits: list[GuardEdit] = field(default_factory=list)  # --apply edits not applied
@@ -62,11 +78,12 @@ def _main_module(path: str) -> types.ModuleType:
 
 def run_script(script: str, args: list[str], tracer: Tracer,
                edits: list[GuardEdit] | None = None,
-               on_hard_exit: Callable[[RunResult], None] | None = None) -> RunResult:
+               on_hard_exit: Callable[[RunResult], None] | None = None,
+               rank: RankInfo | None = None) -> RunResult:
     """Run `script` under `tracer`; the trace covers whatever ran, however it ended. `edits`
     (from `profile --apply`) are applied to the script's code in memory. `on_hard_exit` gets
-    the result when the script calls os._exit (which skips every cleanup), just before the
-    process ends."""
+    the result when the script calls os._exit or is ended by a signal (SIGTERM, SIGHUP), just
+    before the process ends. `rank` (one process of a distributed run) goes in the meta."""
     path = os.path.abspath(script)
     saved_argv = sys.argv[:]
     saved_path0 = sys.path[0] if sys.path else None
@@ -93,7 +110,8 @@ def run_script(script: str, args: list[str], tracer: Tracer,
         sys.modules["__main__"] = main
         tracer.start()
         try:
-            with _warnings_at_user_lines(), _hard_exit_hook(tracer, on_hard_exit):
+            with _warnings_at_user_lines(), _hard_exit_hook(tracer, on_hard_exit, rank), \
+                    _signal_hook(tracer, on_hard_exit, rank):
                 exec(code, main.__dict__)
         finally:
             tracer.stop()
@@ -117,9 +135,14 @@ def run_script(script: str, args: list[str], tracer: Tracer,
         with tracer:  # nothing ran (a syntax error): an empty trace all the same
             pass
         trace = tracer.trace
-    trace.meta.exit_status = status
-    trace.meta.ended_by = ended_by
+    _set_meta(trace, status, ended_by, rank)
     return RunResult(trace, status, ended_by, exc, message, missed)
+
+
+def _set_meta(trace: Trace, status: int, ended_by: str, rank: RankInfo | None) -> None:
+    trace.meta.exit_status, trace.meta.ended_by = status, ended_by
+    if rank is not None:
+        trace.meta.rank, trace.meta.world_size = rank.rank, rank.world_size
 
 
 @contextlib.contextmanager
@@ -150,8 +173,8 @@ def _warnings_at_user_lines() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _hard_exit_hook(tracer: Tracer,
-                    on_hard_exit: Callable[[RunResult], None] | None) -> Iterator[None]:
+def _hard_exit_hook(tracer: Tracer, on_hard_exit: Callable[[RunResult], None] | None,
+                    rank: RankInfo | None) -> Iterator[None]:
     """os._exit ends the process at once: hand the trace over first. Only in this process:
     a forked child (a DataLoader worker ends with os._exit) must not write the parent's
     files."""
@@ -164,7 +187,7 @@ def _hard_exit_hook(tracer: Tracer,
     def hard_exit(code: int) -> None:
         if os.getpid() == pid:
             trace = tracer.stop()
-            trace.meta.exit_status, trace.meta.ended_by = code, "os._exit"
+            _set_meta(trace, code, "os._exit", rank)
             try:
                 on_hard_exit(RunResult(trace, code, "os._exit"))
             finally:
@@ -177,6 +200,83 @@ def _hard_exit_hook(tracer: Tracer,
     finally:
         if os._exit is hard_exit:
             os._exit = original
+
+
+@contextlib.contextmanager
+def _signal_hook(tracer: Tracer, on_hard_exit: Callable[[RunResult], None] | None,
+                 rank: RankInfo | None) -> Iterator[None]:
+    """SIGTERM and SIGHUP end a process without any cleanup: write the report and trace
+    first, then die of the signal. Installed only where the action is still the default (a
+    parent may have set it to ignore, as nohup does) and only from the main thread (Python
+    runs handlers there alone); the originals are back when the run ends."""
+    if on_hard_exit is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+    main_thread = threading.main_thread().ident
+    installed: list[int] = []
+    deferred: dict[int, float] = {}  # signal -> when it first came
+
+    def handler(signum: int, frame: types.FrameType | None) -> None:
+        if os.getpid() != pid:  # a forked child (a DataLoader worker) inherited the handler
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        first = deferred.setdefault(signum, time.monotonic())
+        if _inside_tracer(frame) and time.monotonic() - first < SIGNAL_DEFER_MAX_S:
+            # Python runs a handler between any two bytecodes, also in the middle of the
+            # tracer's own bookkeeping; stopping there could tear its state. Ask again a
+            # moment later, from another thread (raise_signal here would run this handler
+            # again at once), until the tracer's code has returned; but not forever.
+            _thread.start_new_thread(_signal_later, (main_thread, signum))
+            return
+        die(signum)
+
+    def die(signum: int) -> None:
+        status = EXIT_SIGNAL_BASE + signum
+        name = signal.Signals(signum).name
+        try:
+            trace = tracer.stop()
+            _set_meta(trace, status, name, rank)
+            on_hard_exit(RunResult(trace, status, name))
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            _REAL_EXIT(status)  # not reached: the default action has ended the process
+
+    for signum in HANDLED_SIGNALS:
+        sig = getattr(signal, signum, None)
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, handler)
+            installed.append(sig)
+    try:
+        yield
+    finally:
+        for sig in sorted(deferred):  # asked again while leaving the run: act on it now
+            if signal.getsignal(sig) is handler:
+                die(sig)
+        for sig in installed:  # also where the script replaced ours: the run is over
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def _signal_later(thread: int, signum: int) -> None:
+    """Send `signum` to `thread` after a moment (a bare thread: the tracer counts the
+    threading module's threads as the program's)."""
+    time.sleep(SIGNAL_RETRY_S)
+    signal.pthread_kill(thread, signum)
+
+
+def _inside_tracer(frame: types.FrameType | None) -> bool:
+    """Whether `frame` (where a signal interrupted the run) is in memcpy-doctor's own code
+    called from the script: any of our frames before the runner's own."""
+    while frame is not None:
+        code = frame.f_code
+        if code is run_script.__code__:
+            return False
+        if _is_ours(code.co_filename):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _is_torch(filename: str) -> bool:

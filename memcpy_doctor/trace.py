@@ -55,9 +55,14 @@ class Meta:
     torch_version: str
     command: list[str]
     exit_status: int | None = None
-    ended_by: str = "completed"  # completed | exception | exit | interrupt
+    # completed | exception | exit | interrupt | os._exit | a signal's name (SIGTERM, SIGHUP)
+    ended_by: str = "completed"
     memcpy_doctor_version: str = ""
     untraced: list[str] = field(default_factory=list)  # what the tracer could not see
+    # One of several ranks (torchrun, `profile --ranks`): RANK and WORLD_SIZE of the process;
+    # None for a single-process run and in traces written before these fields existed.
+    rank: int | None = None
+    world_size: int | None = None
 
 
 @dataclass
@@ -388,6 +393,7 @@ def _meta(d: Any) -> Meta:
     d = _obj(d, "meta")
     profile = d.get("device_profile")
     status = d.get("exit_status")
+    rank, world_size = d.get("rank"), d.get("world_size")
     return Meta(device=_str(d["device"]), simulated=_bool(d["simulated"], "meta.simulated"),
                 device_name=_str(d["device_name"]),
                 device_profile=None if profile is None else _obj(profile, "device_profile"),
@@ -396,7 +402,9 @@ def _meta(d: Any) -> Meta:
                 exit_status=None if status is None else _int(status, "exit_status"),
                 ended_by=_str(d.get("ended_by", "completed")),
                 memcpy_doctor_version=_str(d.get("memcpy_doctor_version", "")),
-                untraced=[_str(u) for u in _list(d.get("untraced", []), "meta.untraced")])
+                untraced=[_str(u) for u in _list(d.get("untraced", []), "meta.untraced")],
+                rank=None if rank is None else _int(rank, "meta.rank"),
+                world_size=None if world_size is None else _int(world_size, "meta.world_size"))
 
 
 def _figure(d: Any) -> MemcpyFigure:

@@ -96,6 +96,7 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     lines = [
         _banner("Profiling Report"), "",
         f"Place: {place(trace)}",
+        *([f"Rank: {m.rank} of {m.world_size}"] if m.rank is not None else []),
         "Time unit: ms",
         f"Sorted by {_SORT_WORDS[sort]} in descending order in the same thread",
     ]
