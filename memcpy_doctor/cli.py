@@ -23,8 +23,8 @@ import click
 from . import __version__
 from .analysis.costmodel import ProfileError
 from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
-                       DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
-                       SORT_KEYS, CHROME_EVENTS)
+                       DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED,
+                       EXIT_INTERRUPTED, EXIT_USAGE, SORT_KEYS, CHROME_EVENTS)
 from .render.text import render_text
 from .runner import RunResult, format_exception, run_script
 from .analysis.attribution import explain as explain_trace
@@ -460,9 +460,10 @@ def diff(before: str, after: str) -> None:
                          + render_diff(compare(b[i], a[i]), b_names[i], a_names[i], cwd))
     else:
         parts.append(f"{len(b)} traces before, {len(a)} after: compared merged only\n")
-    parts.append(f"== all ranks (merged) ==\n"
-                 + render_diff(compare(merge_ranks(b), merge_ranks(a)), f"{before} ({len(b)} traces)",
-                               f"{after} ({len(a)} traces)", cwd))
+    parts.append("== all ranks (merged) ==\n"
+                 + render_diff(compare(merge_ranks(b), merge_ranks(a)),
+                               f"{before} ({len(b)} traces)", f"{after} ({len(a)} traces)",
+                               cwd))
     for side, name, traces in (("Before", before, b), ("After", after, a)):
         comp = compare_ranks(traces)
         if not comp.uniform:

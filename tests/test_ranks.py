@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -441,3 +440,17 @@ def test_torchrun_gloo_cpu_gives_one_trace_per_rank(tmp_path):
     assert all(t.copies == [] for t in traces)  # nothing is copied between devices
     assert any(e.name == "c10d::allreduce_" for e in traces[1].events)
     assert compare_ranks(traces).uniform
+
+
+def test_launch_stops_the_other_ranks_after_one_fails():
+    """Rank 0 fails at once; rank 1 would sleep a minute: after the grace time it gets
+    SIGTERM, is marked stopped, and the run's status is rank 0's."""
+    from memcpy_doctor.launch import launch
+    code = ("import os, sys, time\n"
+            "rank = int(os.environ['RANK'])\n"
+            "assert os.environ['WORLD_SIZE'] == '2' and os.environ['MASTER_ADDR']\n"
+            "sys.exit(3) if rank == 0 else time.sleep(60)\n")
+    exits, interrupted = launch([sys.executable, "-c", code], 2, grace_s=0.3)
+    assert not interrupted
+    assert exits == [RankExit(0, 3, None), RankExit(1, 143, 15, stopped=True)]
+    assert worst_status(exits) == 3
