@@ -67,6 +67,8 @@ class TraceState:
                  log_transfers: int = 0) -> None:
         self.profile = profile
         self.launch_ns = profile.launch_ns
+        self.kernel_min_ns = profile.kernel_min_ns
+        self.bandwidth = profile.memory_bandwidth
         self.sim = sim  # SimDevice, or None on a real GPU
         self.timer = timer  # CudaTimer on a real GPU, else None
         self.collector = Collector(log_transfers)
@@ -232,10 +234,12 @@ class TraceState:
                     if mark is not None:
                         timer.end(mark, agg, host_ns)
                 elif info.kernel:  # simulated kernel: modeled; the host pays the launch only
-                    ref = outs[0] if outs else (ins[0] if ins else None)
-                    dclass = (DTYPE_CLASS.get(ref.dtype, "other") if flops and ref is not None
-                              else "other")
-                    device_ns = self.profile.kernel_ns(flops, nbytes, dclass)
+                    if flops:
+                        ref = outs[0] if outs else ins[0]
+                        device_ns = self.profile.kernel_ns(
+                            flops, nbytes, DTYPE_CLASS.get(ref.dtype, "other"))
+                    else:  # DeviceProfile.kernel_ns without FLOPs: bytes over bandwidth
+                        device_ns = self.kernel_min_ns + round(nbytes / self.bandwidth * 1e9)
                     # Timeline.enqueue, inlined: the host pays the launch, the device runs
                     # the kernel when it is free
                     host_ns = self.launch_ns
