@@ -120,6 +120,7 @@ class OpRecord:
     run_ns: int = 0
     flops: int = 0
     bytes: int = 0
+    thread: str | None = None  # the thread that ran it, when not the one that traced
 
 
 @dataclass
@@ -167,6 +168,7 @@ class CopyRecord:
     consumer: OpRef | None
     shape: list[int] | None = None
     dtype: str | None = None
+    thread: str | None = None  # the thread that made it, when not the one that traced
 
     @property
     def time_ns(self) -> int:
@@ -182,6 +184,7 @@ class WaitRecord:
     calls: int
     wait_ns: int
     site: Site | None
+    thread: str | None = None  # the thread that waited, when not the one that traced
 
 
 @dataclass
@@ -407,6 +410,11 @@ def _meta(d: Any) -> Meta:
                 world_size=None if world_size is None else _int(world_size, "meta.world_size"))
 
 
+def _thread(d: dict[str, Any]) -> str | None:
+    thread = d.get("thread")
+    return None if thread is None else _str(thread, "a thread name")
+
+
 def _figure(d: Any) -> MemcpyFigure:
     d = _obj(d, "a memcpy figure")
     return MemcpyFigure(calls=_int(d["calls"]), time_ns=_int(d["time_ns"]))
@@ -439,7 +447,8 @@ def _op(d: Any) -> OpRecord:
     return OpRecord(op=_str(d["op"]), device=_str(d["device"]), site=_site(d["site"]),
                     calls=_int(d["calls"]), host_ns=_int(d["host_ns"]),
                     device_ns=_int(d["device_ns"]), run_ns=_int(d.get("run_ns", 0)),
-                    flops=_int(d.get("flops", 0)), bytes=_int(d.get("bytes", 0)))
+                    flops=_int(d.get("flops", 0)), bytes=_int(d.get("bytes", 0)),
+                    thread=_thread(d))
 
 
 def _flow(d: Any) -> FlowRecord:
@@ -468,7 +477,7 @@ def _transfer(d: Any) -> TransferRecord:
 def _wait(d: Any) -> WaitRecord:
     d = _obj(d, "a wait")
     return WaitRecord(kind=_str(d["kind"]), calls=_int(d["calls"]), wait_ns=_int(d["wait_ns"]),
-                      site=_site(d["site"]))
+                      site=_site(d["site"]), thread=_thread(d))
 
 
 def _copy(d: Any) -> CopyRecord:
@@ -486,4 +495,4 @@ def _copy(d: Any) -> CopyRecord:
         stack=[_site(f) for f in _list(d["stack"], "copy.stack")],
         producer=_ref(d["producer"]), consumer=_ref(d["consumer"]),
         shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
-        dtype=None if dtype is None else _str(dtype))
+        dtype=None if dtype is None else _str(dtype), thread=_thread(d))

@@ -185,17 +185,17 @@ def test_dataloader_workers_and_pin_memory_thread():
     assert [(c.sync, c.pinned, c.calls) for c in htod] == [(False, True, 4)]
 
 
-def test_threads_started_during_the_run_are_reported_as_untraced():
+def test_threads_started_during_the_run_are_traced_and_the_patch_undone():
     import threading
 
     with memcpy_doctor.profiler(device="sim") as prof:
         worker = threading.Thread(target=lambda: torch.ones(2) * 2, name="prefetch")
         worker.start()
         worker.join()
-    assert prof.trace.meta.untraced == [
-        "ops in other threads: 1 thread(s) started during the run (prefetch) ran outside the "
-        "tracer (its modes are per thread)"]
-    assert "Not traced: ops in other threads" in prof.report()
+    assert prof.trace.meta.untraced == []
+    assert {(o.op, o.thread) for o in prof.trace.ops} == {("aten::ones", "prefetch"),
+                                                          ("aten::mul", "prefetch")}
+    assert "Threads traced: the main thread and prefetch" in prof.report()
     assert threading.Thread.start.__name__ == "start" and threading.Thread.start.__module__ == "threading"
 
 

@@ -83,11 +83,12 @@ def test_json_layout():
         "op": "aten::mm", "device": "cuda:0",
         "site": {"file": "/work/proj/model.py", "line": 20, "function": "forward"},
         "calls": 10, "host_ns": 1_000_000, "device_ns": 3_000_000, "run_ns": 0, "flops": 0,
-        "bytes": 0}
+        "bytes": 0, "thread": None}
     assert data["flows"] == [] and data["transfers"] == []
     assert data["waits"] == [{
         "kind": "synchronize", "calls": 2, "wait_ns": 300_000,
-        "site": {"file": "/work/proj/train.py", "line": 70, "function": "train_step"}}]
+        "site": {"file": "/work/proj/train.py", "line": 70, "function": "train_step"},
+        "thread": None}]
 
 
 def test_json_copies_layout():

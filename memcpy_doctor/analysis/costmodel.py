@@ -166,3 +166,27 @@ class Timeline:
 
     def end_ns(self) -> int:
         return max(self.host_ns, self.device_ns)
+
+    def fork(self) -> ThreadTimeline:
+        """The clocks of another host thread: its own host clock, starting now, issuing work
+        to this same device queue."""
+        return ThreadTimeline(self)
+
+
+class ThreadTimeline(Timeline):
+    """A second host thread's clock over the main timeline's device queue. The run's total is
+    the main thread's: its clock already covers, in real time, what other threads did."""
+
+    __slots__ = ("main",)
+
+    def __init__(self, main: Timeline) -> None:
+        self.main = main
+        self.host_ns = main.host_ns
+
+    @property  # type: ignore[override]
+    def device_ns(self) -> int:
+        return self.main.device_ns
+
+    @device_ns.setter
+    def device_ns(self, ns: int) -> None:
+        self.main.device_ns = ns

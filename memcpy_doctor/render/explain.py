@@ -41,7 +41,8 @@ def _chain_text(i: int, chain: Chain, cwd: str | None) -> list[str]:
         text = f"   {step.text}" if step.text else ""
         lines.append(f"    {'copy':<9} {c.direction} sync `{c.trigger}`, {c.calls} calls, "
                      f"{c.bytes} B {_tensor(c)}, {_ms(c.time_ns)}  "
-                     f"{format_site(c.site, cwd)}{text}")
+                     f"{format_site(c.site, cwd)}"
+                     f"{f' [thread {c.thread}]' if c.thread is not None else ''}{text}")
         if n < len(chain.middle):
             lines.append(_end("op", chain.middle[n], cwd, "?"))
     lines.append(_end("read by", chain.consumer, cwd, "no op (a Python value, or never read)"))
@@ -109,7 +110,8 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion]) -> str:
                         "calls": st.copy.calls, "bytes": st.copy.bytes,
                         "shape": st.copy.shape, "dtype": st.copy.dtype,
                         "time_ns": st.copy.time_ns, "share": st.share,
-                        "site": _site_dict(st.copy.site), "text": st.text}
+                        "site": _site_dict(st.copy.site), "text": st.text,
+                        "thread": st.copy.thread}
                        for st in ch.steps],
             "between": [_end_dict(m) for m in ch.middle],
             "consumer": _end_dict(ch.consumer)} for ch in exp.chains],

@@ -67,8 +67,11 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
         return "No copies the host waited for."
     rows = []
     for c in sync[:REPORT_SYNC_SITES]:
+        where = format_site(c.site, cwd)
+        if c.thread is not None:
+            where += f" [thread {c.thread}]"
         rows.append([
-            f"{c.direction} {c.trigger}", format_site(c.site, cwd), str(c.calls), str(c.bytes),
+            f"{c.direction} {c.trigger}", where, str(c.calls), str(c.bytes),
             _ms(c.time_ns), f"{format_ref(c.producer, cwd)} -> {format_ref(c.consumer, cwd)}",
         ])
     table = tabulate(rows, headers=["Copy", "Site", "Calls", "Bytes", "Total",
@@ -77,6 +80,13 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
     if len(sync) > REPORT_SYNC_SITES:
         table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"
     return table
+
+
+def _other_threads(trace: Trace) -> list[str]:
+    """Threads other than the tracing one that ran ops, made copies or waited."""
+    names = {r.thread for r in (*trace.ops, *trace.copies, *trace.waits)}
+    names.discard(None)
+    return sorted(names)
 
 
 def place(trace: Trace) -> str:
@@ -102,6 +112,10 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     ]
     if m.ended_by != "completed":
         lines.append(f"Run cut short: {m.ended_by} (exit status {m.exit_status})")
+    threads = _other_threads(trace)
+    if threads:
+        lines.append(f"Threads traced: the main thread and {', '.join(threads)} "
+                     "(events of all threads together)")
     if m.untraced:
         lines.append("Not traced: " + "; ".join(m.untraced))
     lines += [

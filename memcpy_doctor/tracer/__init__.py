@@ -5,17 +5,20 @@
         train()
     trace = tracer.trace
 
-Only the thread that starts the tracer is traced (PyTorch's modes are thread-local); the trace
-says so when other threads ran ops. Every mode and patch is undone on exit, also on error.
+The thread that starts the tracer is traced, and so is every thread started while it runs
+(PyTorch's modes are per thread: each such thread runs under its own pair of modes, over a
+state that shares the run's records). Threads that were already running are not; nor are
+other processes. Every mode and patch is undone on exit, also on error; a thread still running
+then keeps its modes, suspended, until it ends.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from time import perf_counter_ns
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -93,6 +96,9 @@ class Tracer:
         self._state: TraceState | None = None
         self._start_ns = 0
         self._sim: SimDevice | None = None
+        self._siblings: list[TraceState] = []  # the states of other traced threads
+        #: the running ones, by thread ident (the simulated device reads it too)
+        self._thread_states: dict[int, TraceState] = {}
 
     def start(self) -> Tracer:
         from ..guard import inside_guard
@@ -109,9 +115,10 @@ class Tracer:
             self.device = resolve_device(self.requested_device)
             if self.device == "sim":
                 sim = SimDevice(lambda s: TraceState(self.profile, s, None, self.log_transfers))
+                sim.thread_states = self._thread_states
                 self._sim = sim
-                state = sim.st
-                handlers = {**common_handlers(state), **sim.handlers}
+                state = sim.main_state
+                handlers = self._handlers(state)
                 _sim._ACTIVE["sim"] = sim
                 stack.callback(_sim._ACTIVE.clear)
                 stack.enter_context(_Patch(
@@ -121,12 +128,12 @@ class Tracer:
                     + [_sim.pin_memory_patch(sim)]))
             else:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
-                handlers = real_gpu_handlers(state)
-                stack.enter_context(_Patch(wait_patches(state)))
+                handlers = self._handlers(state)
+                stack.enter_context(_Patch(wait_patches(self._state_here)))
                 stack.enter_context(SyncHooks(state))  # waits inside C++ ops
             self._state = state
             stack.enter_context(_Patch([(threading.Thread, "start",
-                                         _counting_start(state.untraced_threads))]))
+                                         _traced_start(self))]))
             if self.timeline_events:
                 self.chrome = state.collector.chrome = ChromeLog(self.timeline_events,
                                                                  self._clock(state))
@@ -146,6 +153,32 @@ class Tracer:
         state.last_exit = self._start_ns
         return self
 
+    def _handlers(self, state: TraceState) -> dict[Any, Callable]:
+        if self._sim is not None:
+            return {**common_handlers(state), **self._sim.handlers}
+        return real_gpu_handlers(state)
+
+    @contextmanager
+    def thread_modes(self, name: str) -> Iterator[None]:
+        """Trace the calling thread (one started while tracing) until the block ends."""
+        main = self._state
+        if self._stack is None or main is None:  # the tracer stopped before it ran
+            yield
+            return
+        state = main.sibling(name)
+        ident = threading.get_ident()
+        self._siblings.append(state)
+        self._thread_states[ident] = state
+        try:
+            with FunctionMode(state, self._handlers(state)), DispatchMode(state):
+                yield
+        finally:
+            self._thread_states.pop(ident, None)
+
+    def _state_here(self) -> TraceState:
+        """The calling thread's state."""
+        return self._thread_states.get(threading.get_ident(), self._state)
+
     def _clock(self, state: TraceState) -> Any:
         timeline = state.timeline
         if timeline is not None:
@@ -163,6 +196,8 @@ class Tracer:
         if state.timeline is not None:
             state.timeline.host(max(0, end_ns - state.last_exit))
         stack, self._stack = self._stack, None
+        for sibling in self._siblings:  # threads still running: their ops are not recorded
+            sibling.suspended = True
         stack.close()
         if state.timer is not None:
             state.timer.finish()
@@ -204,11 +239,6 @@ class Tracer:
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
             memcpy_doctor_version=_version())
-        if state.untraced_threads:
-            names = ", ".join(sorted(set(state.untraced_threads))[:5])
-            meta.untraced.append(
-                f"ops in other threads: {len(state.untraced_threads)} thread(s) started during "
-                f"the run ({names}) ran outside the tracer (its modes are per thread)")
         if col.transfers_dropped:
             meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
                                  f"first {len(col.transfers)} are counted but not logged")
@@ -217,12 +247,25 @@ class Tracer:
                      flows=col.flow_records(), transfers=list(col.transfers))
 
 
-def _counting_start(started: list[str]) -> Any:
-    """Thread.start, noting each thread: its ops run outside the tracer's modes."""
+def _traced_start(tracer: Tracer) -> Any:
+    """Thread.start, running the thread under the tracer (see Tracer.thread_modes)."""
     original = threading.Thread.start
 
     def start(self: threading.Thread) -> None:
-        started.append(self.name)
+        run = self.run
+        own = "run" in vars(self)  # set on the instance, not the class's method
+
+        def traced_run() -> None:
+            try:
+                with tracer.thread_modes(self.name):
+                    run()
+            finally:  # the thread's own run again; no reference to the tracer left
+                if own:
+                    self.run = run
+                else:
+                    del self.run
+
+        self.run = traced_run
         original(self)
 
     return start

@@ -54,12 +54,13 @@ class OpAgg:
     producing OpAgg, [producer OpAgg, reads, bytes read]: the op graph's edges into this op.
     """
 
-    __slots__ = ("ref", "event", "calls", "host_ns", "device_ns", "run_ns", "flops", "bytes",
-                 "min_ns", "max_ns", "flows_in")
+    __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",
+                 "bytes", "min_ns", "max_ns", "flows_in")
 
-    def __init__(self, ref: OpRef, event: EventAgg) -> None:
+    def __init__(self, ref: OpRef, event: EventAgg, thread: str | None = None) -> None:
         self.ref = ref
         self.event = event
+        self.thread = thread
         self.calls = 0
         self.host_ns = 0
         self.device_ns = 0
@@ -161,10 +162,10 @@ class Collector:
         self.chrome: ChromeLog | None = None  # the timeline, when profile --chrome-trace
         self.events: dict[str, EventAgg] = {}
         self.op_events: dict[str, EventAgg] = {}  # the rows folded from `ops` at the end
-        #: by (op name, device, id of the interned Site)
-        self.ops: dict[tuple[str, str, int], OpAgg] = {}
+        #: by (op name, device, id of the interned Site, thread or None)
+        self.ops: dict[tuple[str, str, int, str | None], OpAgg] = {}
         self.copies: dict[tuple, CopyAgg] = {}
-        self.waits: dict[tuple[str, Site | None], list[int]] = {}
+        self.waits: dict[tuple[str, Site | None, str | None], list[int]] = {}
         self.transfers: list[TransferRecord] = []
         self.transfers_dropped = 0
         #: id(tensor) -> TensorRef whose value is the OpAgg that made the tensor's data
@@ -174,19 +175,20 @@ class Collector:
         self.pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
 
     # ----- ops -----
-    def op(self, name: str, device: str, site: Site | None) -> OpAgg:
-        key = (name, device, id(site))  # sites are interned: identity is the key
+    def op(self, name: str, device: str, site: Site | None, thread: str | None = None) -> OpAgg:
+        key = (name, device, id(site), thread)  # sites are interned: identity is the key
         agg = self.ops.get(key)
         if agg is None:
             agg = self.new_op(key, name, device, site)
         return agg
 
-    def new_op(self, key: tuple[str, str, int], name: str, device: str,
+    def new_op(self, key: tuple[str, str, int, str | None], name: str, device: str,
                site: Site | None) -> OpAgg:
+        """key: (name, device, id(site), thread)."""
         event = self.op_events.get(name)
         if event is None:
             event = self.op_events[name] = self.events[name] = EventAgg()
-        agg = self.ops[key] = OpAgg(OpRef(name, device, site), event)
+        agg = self.ops[key] = OpAgg(OpRef(name, device, site), event, key[3])
         return agg
 
     def add_op(self, agg: OpAgg, host_ns: int, device_ns: int, run_ns: int, flops: int,
@@ -253,8 +255,10 @@ class Collector:
     def copy(self, *, direction: str, sync: bool, pinned: bool | None, trigger: str,
              nbytes: int, host_ns: int, device_ns: int, site: Site | None,
              stack: list[Site], producer: OpRef | None, dst: torch.Tensor | None,
-             shape: list[int] | None = None, dtype: str | None = None) -> PendingCopy:
-        """Record one copy. With `dst`, it waits for the first op that reads dst."""
+             shape: list[int] | None = None, dtype: str | None = None,
+             thread: str | None = None) -> PendingCopy:
+        """Record one copy (made in `thread`, None for the tracing thread). With `dst`, it
+        waits for the first op that reads dst."""
         if self.listeners:
             note = CopyEvent(direction, sync, pinned, trigger, nbytes, site, producer, shape,
                              dtype)
@@ -264,7 +268,7 @@ class Collector:
         if event is None:
             event = self.events[copy_event_name(direction, sync)] = EventAgg()
         event.add(host_ns, device_ns)
-        key = (direction, sync, pinned, trigger, site, producer)
+        key = (direction, sync, pinned, trigger, site, producer, thread)
         pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event)
         if self.chrome is not None:
             pending.chrome_event = self.chrome.add(
@@ -346,10 +350,11 @@ class Collector:
         p.agg = agg
 
     # ----- waits -----
-    def wait(self, kind: str, site: Site | None, wait_ns: int) -> None:
-        entry = self.waits.get((kind, site))
+    def wait(self, kind: str, site: Site | None, wait_ns: int,
+             thread: str | None = None) -> None:
+        entry = self.waits.get((kind, site, thread))
         if entry is None:
-            entry = self.waits[(kind, site)] = [0, 0]
+            entry = self.waits[(kind, site, thread)] = [0, 0]
         entry[0] += 1
         entry[1] += wait_ns
         event = self.events.get(f"HostWait:{kind}")
@@ -385,7 +390,7 @@ class Collector:
 
     def op_records(self) -> list[OpRecord]:
         return [OpRecord(a.ref.op, a.ref.device, a.ref.site, a.calls, a.host_ns, a.device_ns,
-                         a.run_ns, a.flops, a.bytes)
+                         a.run_ns, a.flops, a.bytes, a.thread)
                 for a in self.ops.values() if a.calls]
 
     def flow_records(self) -> list[FlowRecord]:
@@ -394,13 +399,13 @@ class Collector:
 
     def copy_records(self) -> list[CopyRecord]:
         out = []
-        for (direction, sync, pinned, trigger, site, producer, consumer), a in \
+        for (direction, sync, pinned, trigger, site, producer, thread, consumer), a in \
                 self.copies.items():
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,
-                                  a.shape, a.dtype))
+                                  a.shape, a.dtype, thread))
         return out
 
     def wait_records(self) -> list[WaitRecord]:
-        return [WaitRecord(kind, calls, ns, site)
-                for (kind, site), (calls, ns) in self.waits.items()]
+        return [WaitRecord(kind, calls, ns, site, thread)
+                for (kind, site, thread), (calls, ns) in self.waits.items()]

@@ -70,11 +70,13 @@ class CudaTimer:
         self.poll()
 
 
-def wait_patches(state: Any) -> list[tuple[Any, str, Any]]:
-    """Wrap the real host waits so each is recorded (with its measured time) at its site."""
+def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
+    """Wrap the real host waits so each is recorded (with its measured time) at its site, in
+    the state of the thread that waits (`state_of()`)."""
 
     def timed(kind: str, original: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            state = state_of()
             if state.suspended:
                 return original(*args, **kwargs)
             t0 = perf_counter_ns()

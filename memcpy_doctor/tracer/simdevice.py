@@ -9,6 +9,7 @@ answer from the marks.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from threading import get_ident
 from typing import Any, Callable, Iterator
 
 import torch
@@ -62,7 +63,9 @@ class SimDevice:
     def __init__(self, state_factory: Callable[[SimDevice], TraceState]) -> None:
         self.cuda_marks = StorageMarks()
         self.pinned_marks = StorageMarks()
-        self.st = state_factory(self)
+        self.main_state = state_factory(self)
+        #: the states of other traced threads, by thread ident (see Tracer.thread_modes)
+        self.thread_states: dict[int, TraceState] = {}
         self.getters: dict[Any, Callable] = {
             Tensor.device.__get__: self._device,
             Tensor.is_cuda.__get__: self._is_cuda,
@@ -87,6 +90,13 @@ class SimDevice:
             Tensor.new_tensor: self._new_tensor,
             Tensor.type_as: self._type_as,
         }
+
+    @property
+    def st(self) -> TraceState:
+        """The calling thread's state (the handlers run in whichever thread calls them)."""
+        if self.thread_states:
+            return self.thread_states.get(get_ident(), self.main_state)
+        return self.main_state
 
     # ----- marks -----
     def on_device(self, t: Tensor) -> bool:
@@ -259,7 +269,7 @@ class SimDevice:
         col.copy(direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
                  host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack_at(site),
                  producer=producer, dst=dst, shape=list(dst.shape),
-                 dtype=str(dst.dtype).replace("torch.", ""))
+                 dtype=str(dst.dtype).replace("torch.", ""), thread=st.thread)
         if src is not None:
             col.inherit_producer(dst, src)
         st.returned()

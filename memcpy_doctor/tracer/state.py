@@ -87,7 +87,21 @@ class TraceState:
         #: every op the autograd engine runs for it without Python code in between
         self.backward_site: Any = UNRESOLVED
         self.last_exit = perf_counter_ns()
-        self.untraced_threads: list[str] = []  # threads started while tracing
+        self.thread: str | None = None  # another thread's name; None: the tracing thread
+
+    def sibling(self, thread: str) -> TraceState:
+        """The state of another thread of the same run: the same records, sites and device,
+        its own call in progress and its own host clock (torch's modes are per thread, so
+        each traced thread has its own modes over its own state)."""
+        other = TraceState.__new__(TraceState)
+        other.__dict__.update(self.__dict__)  # the shared parts: profile, records, device
+        other.thread = thread
+        other.timeline = self.timeline.fork() if self.timeline is not None else None
+        other.suspended = False
+        other.trigger = other.forced = other.call_args = None
+        other.call_site = other.backward_site = UNRESOLVED
+        other.last_exit = perf_counter_ns()
+        return other
 
     # ----- clocks -----
     def gap(self) -> int:
@@ -213,7 +227,7 @@ class TraceState:
         sync = info.sync
         copy_is_op = sync is not None and not info.kernel and any_dev and dev_in[0]
         if not copy_is_op:
-            key = (info.name, device, id(site))
+            key = (info.name, device, id(site), self.thread)
             agg = col.ops.get(key)
             if agg is None:
                 agg = col.new_op(key, info.name, device, site)
@@ -339,7 +353,8 @@ class TraceState:
             direction=direction, sync=True, pinned=pinned, trigger=trigger, nbytes=nbytes,
             host_ns=host_ns, device_ns=device_ns, site=site, stack=self.sites.stack_at(site),
             producer=self.collector.producer_of(src), dst=dst,
-            shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""))
+            shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""),
+            thread=self.thread)
 
     def host_wait(self, kind: str, measured_ns: int = 0) -> None:
         """A host wait that is not a copy: synchronize, stream or event waits."""
@@ -348,7 +363,7 @@ class TraceState:
         if self.timeline is not None:
             self.gap()
             measured_ns = self.timeline.drain(self.profile.sync_ns)
-        self.collector.wait(kind, self.sites.resolve(), measured_ns)
+        self.collector.wait(kind, self.sites.resolve(), measured_ns, self.thread)
         self.returned()
 
     def _real_copy(self, info: OpInfo, func: Any, args: tuple,
@@ -387,7 +402,7 @@ class TraceState:
             direction=direction, sync=sync, pinned=pinned, trigger=trigger,
             nbytes=dst_t.nbytes, host_ns=host_ns, device_ns=0, site=site,
             stack=self.sites.stack_at(site), producer=producer, dst=dst_t,
-            shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""))
+            shape=list(src.shape), dtype=str(src.dtype).replace("torch.", ""), thread=self.thread)
         self.timer.end(mark, pending, host_ns)
         self.collector.inherit_producer(dst_t, src)
         self.returned()
