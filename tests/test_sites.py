@@ -65,3 +65,39 @@ def test_ops_inside_torch_python_code_are_at_the_calling_line():
     ops = [o for o in prof.trace.ops if o.op in ("aten::addmm", "aten::native_layer_norm")]
     assert {o.op for o in ops} == {"aten::addmm", "aten::native_layer_norm"}
     assert {o.site.line for o in ops} == {line}
+
+
+def test_the_programs_own_function_mode_and_subclass_see_only_the_programs_calls():
+    """The tracer reads its own facts about tensors (sizes, storages) with torch functions
+    off, so a function mode or a subclass's __torch_function__ of the program sees what it
+    would see without the tracer."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(("subclass", getattr(func, "__name__", str(func))))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(("mode", getattr(func, "__name__", str(func))))
+            return func(*args, **(kwargs or {}))
+
+    def program():
+        x = torch.ones(4).as_subclass(Logged).requires_grad_()
+        y = (x * x + x).sum()
+        y.backward()
+        with Counting():
+            z = torch.ops.aten.mul.Tensor(torch.ones(3), 2)  # dispatched under the mode
+        return float(y), x.grad.tolist(), z.tolist()
+
+    result = program()
+    assert result == (8.0, [3.0] * 4, [2.0] * 3)
+    expected = list(seen)
+    seen.clear()
+    with memcpy_doctor.profiler(device="sim"):
+        assert program() == result
+    assert seen == expected
