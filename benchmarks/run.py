@@ -102,6 +102,11 @@ def count_ops(fn: Callable[[str, int], None], iters: int) -> int:
     return counter.ops
 
 
+#: Each mode's time is the best of this many runs (the least disturbed by the rest of the
+#: machine).
+REPEAT = 5
+
+
 def timed(run: Callable[[], None], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -153,7 +158,7 @@ def modes(fn: Callable[[str, int], None], iters: int) -> dict[str, Callable[[], 
 
 def overhead_table(quick: bool) -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, one thread; "
-          f"{'quick' if quick else 'full'} run; best of {1 if quick else 3}")
+          f"{'quick' if quick else 'full'} run; best of {1 if quick else REPEAT}")
     for name, (fn, iters) in WORKLOADS.items():
         if quick:
             iters = max(2, iters // 10)
@@ -161,7 +166,7 @@ def overhead_table(quick: bool) -> None:
         results = {}
         for mode, run in modes(fn, iters).items():
             run()  # warm up (first dispatch mode imports torch._dynamo)
-            results[mode] = timed(run, 1 if quick else 3)
+            results[mode] = timed(run, 1 if quick else REPEAT)
         plain = results["plain"]
         bare = results["bare dispatch mode"] - plain
         md = results["memcpy-doctor (host)"] - plain
