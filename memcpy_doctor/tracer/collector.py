@@ -46,6 +46,10 @@ class EventAgg:
             self.max_ns = total
 
 
+#: OpAgg.min_ns before the first call.
+NO_CALL_YET = 1 << 62
+
+
 class OpAgg:
     """One (op, device, site) being filled; `ref` is what copies name as producer/consumer.
 
@@ -67,7 +71,7 @@ class OpAgg:
         self.run_ns = 0
         self.flops = 0
         self.bytes = 0
-        self.min_ns = -1
+        self.min_ns = NO_CALL_YET  # above any call's time: the per-op path compares once
         self.max_ns = 0
         self.flows_in: dict[int, list] = {}
 
@@ -75,7 +79,7 @@ class OpAgg:
         """Device time measured after the call (real GPU): lands on the op and its row."""
         self.device_ns += ns
         total = host_ns + ns
-        if self.min_ns < 0 or total < self.min_ns:
+        if total < self.min_ns:
             self.min_ns = total
         if total > self.max_ns:
             self.max_ns = total
@@ -201,7 +205,7 @@ class Collector:
         agg.flops += flops
         agg.bytes += nbytes
         total = host_ns + device_ns
-        if agg.min_ns < 0 or total < agg.min_ns:
+        if total < agg.min_ns:
             agg.min_ns = total
         if total > agg.max_ns:
             agg.max_ns = total

@@ -58,6 +58,8 @@ MIXED_DEVICE_OK = {
     "is_same_size", "is_set_to",
 }
 
+_PASS_THROUGH = {"detach", "alias", "lift_fresh"}
+
 _INDEX_OPS = {"index", "index_put_", "index_put", "_index_put_impl_"}
 
 
@@ -116,6 +118,8 @@ class OpInfo:
     mixed_ok: bool
     repeat_interleave_tensor: bool  # sizes its output from a device tensor unless told
     flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
+    #: hands back its input's data unchanged: the producer stays the op that made it
+    pass_through: bool
     #: what calling the overload calls: OpOverload.__call__ only forwards to the C++ `_op`,
     #: and calling that directly saves a Python frame an op
     call: Callable[..., Any]
@@ -176,6 +180,7 @@ def op_info(func: Any) -> OpInfo:
                                       and func._overloadname.startswith("Tensor")),
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
+            pass_through=short in _PASS_THROUGH,
             call=(func._op if type(func).__call__ is OpOverload.__call__
                   and hasattr(func, "_op") else func),
         )

@@ -22,8 +22,6 @@ from .sites import SiteResolver
 
 Tensor = torch.Tensor
 
-#: Ops that hand back their input's data unchanged: the producer stays the op that made it.
-_PASS_THROUGH = frozenset({"detach", "alias", "lift_fresh"})
 _CPU = torch.device("cpu")
 _getframe = sys._getframe
 
@@ -127,7 +125,10 @@ class TraceState:
         if timeline is not None and now > self.last_exit:  # the program's own time since
             timeline.host_ns += now - self.last_exit
         info = OP_INFO.get(id(func)) or op_info(func)
-        ins = [a for a in args if isinstance(a, Tensor)]
+        ins = []
+        for a in args:
+            if isinstance(a, Tensor):
+                ins.append(a)
         if len(ins) < len(args):  # a Tensor[] argument (cat, index), or a scalar
             for a in args:
                 if a.__class__ is list or a.__class__ is tuple:
@@ -233,14 +234,30 @@ class TraceState:
                 agg = col.new_op(key, info.name, device, site)
             run_ns = host_ns
             device_ns = flops = nbytes = 0
-            if info.kernel:
-                if info.flops is not None:
-                    try:
-                        flops = info.flops(args, kwargs, outs)
-                    except Exception:  # a formula that does not fit these arguments
-                        flops = 0
-                for t in ins:
+            kernel = info.kernel
+            if kernel and info.flops is not None:
+                try:
+                    flops = info.flops(args, kwargs, outs)
+                except Exception:  # a formula that does not fit these arguments
+                    flops = 0
+            # the inputs: bytes read, and the op graph's edges from the ops that made them
+            producers = col.producers
+            flows_in = agg.flows_in
+            for t in ins:
+                made = producers.get(id(t))
+                if made is not None and made() is t:
+                    made_by = made.value
+                    edge = flows_in.get(id(made_by))
+                    if edge is None:
+                        edge = flows_in[id(made_by)] = [made_by, 0, 0]
+                    read = t.nbytes
+                    edge[1] += 1
+                    edge[2] += read
+                    if kernel:
+                        nbytes += read
+                elif kernel:
                     nbytes += t.nbytes
+            if kernel:
                 for o in outs:
                     nbytes += o.nbytes
             if device != "cpu":
@@ -273,30 +290,18 @@ class TraceState:
             agg.flops += flops
             agg.bytes += nbytes
             total = host_ns + device_ns
-            if agg.min_ns < 0 or total < agg.min_ns:
+            if total < agg.min_ns:
                 agg.min_ns = total
             if total > agg.max_ns:
                 agg.max_ns = total
             if col.chrome is not None:
                 col.chrome_op(agg, host_ns, device_ns)
 
-            # producers and consumers: the op graph's edges, and the reads that end copies
-            producers = col.producers
-            pending = bool(col.pending)
-            flows_in = agg.flows_in
-            for t in ins:
-                if pending:
+            if col.pending:  # copies awaiting their first reader: is it this op?
+                for t in ins:
                     col.consume(t, agg.ref)
-                made = producers.get(id(t))
-                if made is not None and made() is t:
-                    made_by = made.value
-                    edge = flows_in.get(id(made_by))
-                    if edge is None:
-                        edge = flows_in[id(made_by)] = [made_by, 0, 0]
-                    edge[1] += 1
-                    edge[2] += t.nbytes
             producer = agg
-            if info.short in _PASS_THROUGH and ins:
+            if info.pass_through and ins:
                 producer = col.producer_agg(ins[0]) or agg
             for o in outs:  # Collector.set_producer, inlined
                 made = producers.get(id(o))
