@@ -3,8 +3,8 @@
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame
 from torch._C._nn import _parse_to
-from torch.overrides import TorchFunctionMode
-from torch.utils._device import _device_constructors
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._device import DeviceContext, _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import flop_registry
 
@@ -26,18 +26,19 @@ def dynamo_skip_frame(code) -> None:
 
 def default_device_type() -> str:
     """The type of torch's default device (torch.set_default_device / `with torch.device`),
-    read without creating a tensor, which torch.get_default_device() does."""
-    from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._device import DeviceContext
-
-    for mode in reversed(_get_current_function_mode_stack()):
-        if isinstance(mode, DeviceContext):
-            return mode.device.type
+    read without creating a tensor, which torch.get_default_device() does. Cheap in the
+    common case: no function mode on the stack (the caller's own mode is off while it runs)
+    and no global default device."""
+    if torch._C._len_torch_function_stack():
+        for mode in reversed(_get_current_function_mode_stack()):
+            if isinstance(mode, DeviceContext):
+                return mode.device.type
     context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
     return context.device.type if context is not None else "cpu"
 
 
-__all__ = ["ENGINE_RUN_BACKWARD", "default_device_type", "dynamo_skip_frame", "_device_constructors",
+__all__ = ["ENGINE_RUN_BACKWARD", "default_device_type", "dynamo_skip_frame",
+           "_device_constructors",
            "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry", "set_eval_frame"]
 

@@ -18,7 +18,7 @@ import torch
 
 from .._torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
                               dynamo_skip_frame, set_eval_frame)
-from .optable import DATA_FACTORIES, TRIGGERS
+from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim import printed_bytes
 from .state import TraceState
 
@@ -95,7 +95,7 @@ class FunctionMode(TorchFunctionMode):
             kind = _DATA_FACTORY
         elif func in TRIGGERS:
             kind = _TRIGGER
-        elif getattr(func, "__name__", None) == "__get__":
+        elif getattr(func, "__name__", None) == "__get__" or func in METADATA_CALLS:
             kind = _GETTER
         elif isinstance(func, _C_CALLABLES):
             kind = _BUILTIN
@@ -147,16 +147,20 @@ class FunctionMode(TorchFunctionMode):
             # under torch.set_default_device("cuda") torch would build these on the device
             return self.factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
         trigger = TRIGGERS.get(func)
-        prev, prev_call, prev_backward = state.trigger, state.call_args, state.backward_site
+        prev, prev_call = state.trigger, state.call_args
+        prev_backward, prev_site = state.backward_site, state.call_site
         if trigger is not None:
             state.trigger = trigger
             if trigger == "backward":
                 state.backward_site = state.sites.resolve_from(_getframe(1))
+            elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(...): as _BUILTIN
+                state.call_site = state.sites.resolve_from(_getframe(1))
         state.call_args = (args, kwargs)
         try:
             return func(*args, **kwargs)
         finally:
-            state.trigger, state.call_args, state.backward_site = prev, prev_call, prev_backward
+            state.trigger, state.call_args = prev, prev_call
+            state.backward_site, state.call_site = prev_backward, prev_site
 
 
 def common_handlers(state: TraceState) -> dict[Any, Callable]:

@@ -37,6 +37,16 @@ TRIGGERS: dict[Any, str] = {
     torch.Tensor.backward: "backward",
 }
 
+#: Python-level calls that read a tensor's metadata only (no aten op, never a copy): the
+#: function mode passes them through as cheaply as property reads.
+METADATA_CALLS = frozenset({
+    torch.Tensor.dim, torch.Tensor.ndimension, torch.Tensor.size, torch.Tensor.numel,
+    torch.Tensor.nelement, torch.Tensor.stride, torch.Tensor.storage_offset,
+    torch.Tensor.is_contiguous, torch.Tensor.element_size, torch.Tensor.is_floating_point,
+    torch.Tensor.is_complex, torch.Tensor.is_signed, torch.Tensor.__len__,
+    torch.Tensor.data_ptr, torch.Tensor.is_inference,
+})
+
 #: Triggers that name the Python call behind a one-element read (`aten::_local_scalar_dense`).
 SCALAR_TRIGGERS = frozenset({"item", "float", "int", "bool", "__index__", "format"})
 
