@@ -141,8 +141,15 @@ class FunctionMode(TorchFunctionMode):
                 return func(*args, **kwargs)
             finally:
                 state.call_args, state.call_site = prev_call, prev_site
-        if not sim and kind == _PLAIN:
-            return func(*args, **kwargs)
+        if kind == _PLAIN:  # a Python function: its ops find their own sites
+            if not sim:
+                return func(*args, **kwargs)
+            prev_call = state.call_args
+            state.call_args = (args, kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                state.call_args = prev_call
         if sim and kind == _DATA_FACTORY and default_device_type() == "cuda":
             # under torch.set_default_device("cuda") torch would build these on the device
             return self.factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
