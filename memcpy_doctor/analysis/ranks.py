@@ -169,16 +169,17 @@ def merge(traces: list[Trace]) -> Trace:
     ops: dict[tuple, OpRecord] = {}
     for t in traces:
         for o in t.ops:
-            m = ops.get((o.op, o.device, o.site))
+            m = ops.get((o.op, o.device, o.site, o.thread))
             if m is None:
-                ops[(o.op, o.device, o.site)] = dataclasses.replace(o)
+                ops[(o.op, o.device, o.site, o.thread)] = dataclasses.replace(o)
             else:
                 for name in ("calls", "host_ns", "device_ns", "run_ns", "flops", "bytes"):
                     setattr(m, name, getattr(m, name) + getattr(o, name))
     copies: dict[tuple, CopyRecord] = {}
     for t in traces:
         for c in t.copies:
-            key = (c.direction, c.sync, c.pinned, c.trigger, c.site, c.producer, c.consumer)
+            key = (c.direction, c.sync, c.pinned, c.trigger, c.site, c.producer, c.consumer,
+                   c.thread)
             m = copies.get(key)
             if m is None:
                 copies[key] = dataclasses.replace(c, stack=list(c.stack))
@@ -188,9 +189,9 @@ def merge(traces: list[Trace]) -> Trace:
     waits: dict[tuple, WaitRecord] = {}
     for t in traces:
         for w in t.waits:
-            m = waits.get((w.kind, w.site))
+            m = waits.get((w.kind, w.site, w.thread))
             if m is None:
-                waits[(w.kind, w.site)] = dataclasses.replace(w)
+                waits[(w.kind, w.site, w.thread)] = dataclasses.replace(w)
             else:
                 m.calls += w.calls
                 m.wait_ns += w.wait_ns
