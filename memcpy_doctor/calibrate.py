@@ -317,7 +317,7 @@ def _matmul_records(torch: Any, quick: bool) -> list[dict[str, Any]]:
         try:
             a = torch.randn(n, n, device="cuda", dtype=dtype)
             b = torch.randn(n, n, device="cuda", dtype=dtype)
-            ns = _timed(torch, lambda: torch.mm(a, b), 3 if quick else 10)
+            ns = _timed(torch, lambda a=a, b=b: torch.mm(a, b), 3 if quick else 10)
         except RuntimeError:  # a dtype this GPU cannot multiply: keep the base figure
             continue
         records.append({"dtype": name, "n": n, "ns": ns})

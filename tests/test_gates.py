@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from helpers import TRAIN_STEP_ITEM, TRAIN_STEP_TO, make_trace
+from helpers import make_trace
 from memcpy_doctor.analysis.gates import (METRICS, GateError, allowed, check, parse_threshold,
                                           parse_tolerance)
 from memcpy_doctor.config import load_config

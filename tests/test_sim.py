@@ -106,8 +106,8 @@ def test_trace_size_does_not_grow_with_iterations():
         with memcpy_doctor.profiler(device="sim") as prof:
             x = torch.ones(8, device="cuda")
             for _ in range(iters):
-                y = (x * 2).sum().item()
-                z = torch.ones(8).cuda()
+                (x * 2).sum().item()
+                torch.ones(8).cuda()
         return prof.trace
 
     short, long = run(5), run(50)
