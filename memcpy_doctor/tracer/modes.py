@@ -75,7 +75,9 @@ _PLAIN, _BUILTIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(6)
 _C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
                 types.WrapperDescriptorType, types.MethodWrapperType)
 _getframe = sys._getframe
-_NO_KWARGS: dict = {}  # shared: neither torch nor the tracer changes a kwargs dict in place
+#: The kwargs of a call without any, shared by all such calls: read-only, so that code that
+#: changed it in place would fail at once rather than change every later call.
+_NO_KWARGS: Any = types.MappingProxyType({})
 
 
 class FunctionMode(TorchFunctionMode):
