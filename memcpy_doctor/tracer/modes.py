@@ -75,9 +75,7 @@ _PLAIN, _BUILTIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(6)
 _C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
                 types.WrapperDescriptorType, types.MethodWrapperType)
 _getframe = sys._getframe
-#: The kwargs of a call without any, shared by all such calls: read-only, so that code that
-#: changed it in place would fail at once rather than change every later call.
-_NO_KWARGS: Any = types.MappingProxyType({})
+_NO_KWARGS: dict = {}  # shared: neither torch nor the tracer changes a kwargs dict in place
 
 
 class FunctionMode(TorchFunctionMode):
