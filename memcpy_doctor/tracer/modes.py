@@ -75,7 +75,10 @@ _PLAIN, _BUILTIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(6)
 _C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
                 types.WrapperDescriptorType, types.MethodWrapperType)
 _getframe = sys._getframe
-_NO_KWARGS: dict = {}  # shared: neither torch nor the tracer changes a kwargs dict in place
+#: The kwargs of a call without any, shared by all such calls (neither torch nor the tracer
+#: changes a kwargs dict in place; a read-only mapping would cost 0.14 us each time it is
+#: unpacked).
+_NO_KWARGS: dict = {}
 
 
 class FunctionMode(TorchFunctionMode):
