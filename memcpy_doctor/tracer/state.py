@@ -1,8 +1,11 @@
 """The tracer's per-run state and its per-op path, shared by the real and the simulated GPU.
 
 `TraceState.dispatch` is called for every aten op (forward and backward) by the dispatch mode;
-it is the hot path: one op-table lookup, one call-site walk over cached code objects, one
-aggregate update, one weak reference per output for producer tracking.
+it is the hot path: one op-table lookup, the call site (found once per Python call by the
+function mode, or by a walk over cached code objects), one aggregate update, one look-up per
+input for the op graph and one weak reference per output for producer tracking.
+docs/benchmarks.md has what each costs. Each traced thread has its own TraceState (`sibling`)
+over the same records.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from typing import Any
 
 import torch
 
+from .._torch_private import ENGINE_RUN_BACKWARD
 from ..analysis.costmodel import DeviceProfile, Timeline
 from .collector import Collector, TensorRef
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
-from .._torch_private import ENGINE_RUN_BACKWARD
 from .sites import SiteResolver
 
 Tensor = torch.Tensor
