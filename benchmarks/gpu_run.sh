@@ -5,6 +5,10 @@
 set -u
 out=${OUT:-gpu-run}
 mkdir -p "$out"
+# what the machine is (the first thing to read when a step below fails)
+{ nvidia-smi; python -c "import sys, torch; print(sys.version); print(torch.__version__, \
+torch.version.cuda, torch.cuda.is_available(), torch.cuda.get_device_name() \
+if torch.cuda.is_available() else '')"; } > "$out/env.txt" 2>&1
 python -m memcpy_doctor calibrate -o "$out/calibrated.json" \
     --measurements "$out/measurements.json" 2> "$out/calibrate.log"
 echo "calibrate exit $?" >> "$out/calibrate.log"
