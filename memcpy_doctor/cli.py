@@ -245,12 +245,18 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
 
 
 @cli.command()
-@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE_PATH)
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
               show_default=True, help="Event Summary order.")
-def report(trace: str, sort: str) -> None:
-    """Print the Profiling Report of a saved TRACE (runs nothing)."""
-    click.echo(render_text(_load(trace), sort=sort))
+def report(traces: tuple[str, ...], sort: str) -> None:
+    """Print the Profiling Report of saved TRACES (default: the one `profile` last wrote
+    here, or its rank traces); runs nothing. Several traces: one report each, in rank
+    order."""
+    loaded, names = _load_many(traces or (DEFAULT_TRACE_PATH,))
+    reports = [render_text(t, sort=sort) for t in loaded]
+    if len(reports) > 1:
+        reports = [f"{text}\n(from {name})" for text, name in zip(reports, names)]
+    click.echo("\n".join(reports))
 
 
 def _load(path: str) -> Trace:

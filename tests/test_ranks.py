@@ -291,6 +291,17 @@ def test_explain_takes_the_rank_traces(rank_dir, capsys):
     assert out.startswith("## Ranks\n") and "\n# Rank 1\n" in out
 
 
+def test_report_prints_each_rank_in_order(rank_dir, capsys):
+    status, out, err = cli(capsys, "report", "t.json")
+    assert (status, err) == (0, "")
+    assert out.count("Profiling Report") == 3
+    assert [out.index(f"Rank: {r} of 3") for r in range(3)] == sorted(
+        out.index(f"Rank: {r} of 3") for r in range(3))
+    assert "(from t.rank2.json)" in out
+    status, one, _ = cli(capsys, "report", "t.rank1.json")
+    assert status == 0 and one.count("Profiling Report") == 1 and "(from" not in one
+
+
 def test_check_gates_every_rank(rank_dir, capsys):
     status, out, err = cli(capsys, "check", "t.json", "--max", "sync_calls=14")
     assert status == 1, err
