@@ -179,38 +179,15 @@ class Collector:
         self.pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
 
     # ----- ops -----
-    def op(self, name: str, device: str, site: Site | None, thread: str | None = None) -> OpAgg:
-        key = (name, device, id(site), thread)  # sites are interned: identity is the key
-        agg = self.ops.get(key)
-        if agg is None:
-            agg = self.new_op(key, name, device, site)
-        return agg
-
     def new_op(self, key: tuple[str, str, int, str | None], name: str, device: str,
                site: Site | None) -> OpAgg:
-        """key: (name, device, id(site), thread)."""
+        """The aggregate of an op first seen at `key`: (name, device, id(site), thread). The
+        per-op path (TraceState.dispatch) looks aggregates up and updates them itself."""
         event = self.op_events.get(name)
         if event is None:
             event = self.op_events[name] = self.events[name] = EventAgg()
         agg = self.ops[key] = OpAgg(OpRef(name, device, site), event, key[3])
         return agg
-
-    def add_op(self, agg: OpAgg, host_ns: int, device_ns: int, run_ns: int, flops: int,
-               nbytes: int) -> None:
-        """One call of an op (the per-op path inlines this; kept for the rarer callers)."""
-        agg.calls += 1
-        agg.host_ns += host_ns
-        agg.device_ns += device_ns
-        agg.run_ns += run_ns
-        agg.flops += flops
-        agg.bytes += nbytes
-        total = host_ns + device_ns
-        if total < agg.min_ns:
-            agg.min_ns = total
-        if total > agg.max_ns:
-            agg.max_ns = total
-        if self.chrome is not None:
-            self.chrome_op(agg, host_ns, device_ns)
 
     def chrome_op(self, agg: OpAgg, host_ns: int, device_ns: int) -> None:
         ref = agg.ref

@@ -15,6 +15,7 @@ import os
 import runpy
 import sys
 from types import CodeType, FrameType
+from typing import Any
 
 import torch
 
@@ -62,17 +63,17 @@ class SiteResolver:
         self._kept.append(code)
         return entry
 
-    def user_frame(self) -> FrameType | None:
-        frame = _getframe(1)
+    def _user(self, frame: FrameType | None) -> tuple[FrameType | None, Any]:
+        """The innermost user frame at or above `frame`, and its `codes` entry."""
         codes = self.codes
         while frame is not None:
             entry = codes.get(id(frame.f_code))
             if entry is None:
                 entry = self.classify(frame.f_code)
             if entry is not False:
-                return frame
+                return frame, entry
             frame = frame.f_back
-        return None
+        return None, None
 
     def site_of(self, frame: FrameType | None) -> Site | None:
         """The interned Site of a user frame."""
@@ -101,21 +102,15 @@ class SiteResolver:
 
     def resolve(self) -> Site | None:
         """The current user call site, or None when no user frame is on the stack."""
-        return self.site_of(self.user_frame())
+        return self.resolve_from(_getframe(1))
 
     def resolve_from(self, frame: FrameType | None) -> Site | None:
-        """The user call site at or above `frame` (resolve() and site_of() in one, for the
-        per-op path)."""
-        codes = self.codes
-        while frame is not None:
-            entry = codes.get(id(frame.f_code))
-            if entry is None:
-                entry = self.classify(frame.f_code)
-            if entry is not False:
-                site = entry.get(frame.f_lasti)
-                return site if site is not None else self.new_site(frame, entry)
-            frame = frame.f_back
-        return None
+        """The user call site at or above `frame`, or None."""
+        frame, entry = self._user(frame)
+        if frame is None:
+            return None
+        site = entry.get(frame.f_lasti)
+        return site if site is not None else self.new_site(frame, entry)
 
     def stack_at(self, site: Site | None) -> list[Site]:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
@@ -128,7 +123,7 @@ class SiteResolver:
     def stack(self) -> list[Site]:
         """User frames, innermost first, at most MAX_STACK_FRAMES (used for copies only)."""
         frames: list[Site] = []
-        frame = self.user_frame()
+        frame = _getframe(1)
         codes = self.codes
         while frame is not None and len(frames) < MAX_STACK_FRAMES:
             if frame.f_code.co_filename in _SCRIPT_BOUNDARY:
