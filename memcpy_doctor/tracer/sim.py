@@ -24,10 +24,14 @@ CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 
 
+#: What `untyped_storage()` raises for a tensor without a plain storage (sparse, nested, ...).
+NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
+
+
 def _storage(t: torch.Tensor) -> Any:
     try:
         return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
+    except NO_STORAGE:
         return None  # sparse, nested or storage-less tensors: never marked
 
 

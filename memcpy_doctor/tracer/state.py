@@ -21,6 +21,7 @@ from ..analysis.costmodel import DeviceProfile, Timeline
 from .collector import Collector, TensorRef
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
+from .sim import NO_STORAGE
 from .sites import SiteResolver
 
 Tensor = torch.Tensor
@@ -161,7 +162,7 @@ class TraceState:
                 for t in ins:
                     try:
                         dev_in.append(id(t.untyped_storage()) in marks)
-                    except (RuntimeError, NotImplementedError, TypeError):
+                    except NO_STORAGE:
                         dev_in.append(False)  # sparse, nested, storage-less: never marked
                 any_dev = True in dev_in
                 if any_dev and False in dev_in and not info.mixed_ok and forced is None:
@@ -213,7 +214,7 @@ class TraceState:
                 for o in outs:
                     try:
                         storage = o.untyped_storage()
-                    except (RuntimeError, NotImplementedError, TypeError):
+                    except NO_STORAGE:
                         continue  # sparse, nested or storage-less tensors: never marked
                     if id(storage) not in marks:  # a new storage (not a view, not in place)
                         sim.cuda_marks.add(storage)
