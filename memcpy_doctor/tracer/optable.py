@@ -136,8 +136,8 @@ class OpInfo:
 
 
 def _mm_flops(args: tuple, kwargs: dict, outs: list) -> int:
-    a, b = args[0], args[1]
-    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    m, k = args[0].shape  # one read of each shape: a read builds a torch.Size
+    return 2 * m * k * args[1].shape[1]
 
 
 def _addmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
@@ -145,8 +145,8 @@ def _addmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
 
 
 def _bmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
-    a, b = args[0], args[1]
-    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    batch, m, k = args[0].shape
+    return 2 * batch * m * k * args[1].shape[2]
 
 
 def _baddbmm_flops(args: tuple, kwargs: dict, outs: list) -> int:
