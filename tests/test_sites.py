@@ -101,3 +101,29 @@ def test_the_programs_own_function_mode_and_subclass_see_only_the_programs_calls
     with memcpy_doctor.profiler(device="sim"):
         assert program() == result
     assert seen == expected
+
+
+def _grad_program():
+    x = torch.randn(4, 4, requires_grad=True)
+    y = torch.mm(x, x)
+    y.register_hook(lambda g: torch.rot90(g))  # hook-in-grad
+    (g,) = torch.autograd.grad(y.sum(), [x])  # grad-call
+    try:
+        torch.nn.functional.layer_norm(x, (5,))  # raises-inside
+    except RuntimeError:
+        pass
+    return torch.flip(g, [0])  # after-both
+
+
+def test_ops_inside_a_torch_python_call_that_runs_user_code_again():
+    """torch.autograd.grad is torch code in Python: the engine's ops inside it are at the
+    line that called it, a hook it runs at the hook's line, and once it (or a call that
+    raised) returns, ops are at their own lines again."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        _grad_program()
+    trace = prof.trace
+    grad_line = _line_of("grad-call", _grad_program)
+    assert _sites(trace, "aten::mm") == {_line_of("y = torch.mm", _grad_program), grad_line}
+    assert grad_line in _sites(trace, "aten::expand")  # sum's backward, in the engine
+    assert _sites(trace, "aten::rot90") == {_line_of("hook-in-grad", _grad_program)}
+    assert _sites(trace, "aten::flip") == {_line_of("after-both", _grad_program)}

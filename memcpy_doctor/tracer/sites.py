@@ -7,6 +7,11 @@ constants (about 0.5 us for a large function), and `frame.f_lineno` decodes the 
 code object it has seen alive, so an id is never reused while it is cached. Each distinct
 (file, line, function) becomes one interned Site, so sites compare and hash by identity in the
 aggregates.
+
+Ops inside a torch function written in Python (F.multi_head_attention_forward, say) all have
+the site of the one call the function mode saw, unless user code runs between (a hook): a walk
+from such an op stops at the function mode's frame for that call (a boundary), whose site is
+found once per call, rather than climbing the module stack above it once per op.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ _INTERNAL_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
 
 _getframe = sys._getframe
 
+#: `SiteResolver.codes` entry of a boundary: the function mode's frame for a call into Python.
+BOUNDARY = object()
+#: A boundary call's site before an op inside it asked for it.
+UNSET = object()
+
 
 def is_internal_file(name: str) -> bool:
     """Code of torch, of this package or of the import machinery: never a user site."""
@@ -42,19 +52,37 @@ def is_internal_file(name: str) -> bool:
 
 
 class SiteResolver:
-    """Finds and interns user call sites.
+    """Finds and interns user call sites, for one thread.
 
-    `codes` maps id(code) to False for internal code, or to a dict {f_lasti: Site} for user
-    code; the per-op path in TraceState reads it directly.
+    `codes` maps id(code) to False for internal code, BOUNDARY for a boundary's code, or a
+    dict {f_lasti: Site} for user code; the per-op path reads it directly. The caches are
+    shared with the resolvers of the run's other threads (`fork`); the boundary calls now
+    running are the thread's own.
     """
 
-    __slots__ = ("codes", "_kept", "_interned", "_stacks")
+    __slots__ = ("codes", "_kept", "_interned", "_stacks", "calls")
 
     def __init__(self) -> None:
-        self.codes: dict[int, bool | dict[int, Site]] = {}
+        self.codes: dict[int, Any] = {}
         self._kept: list[CodeType] = []  # keeps each cached code object's id unique
         self._interned: dict[tuple[str, int, str], Site] = {}
         self._stacks: dict[int, list[Site]] = {}
+        #: the boundary calls now running, innermost last: [its frame, its site or UNSET]
+        self.calls: list[list] = []
+
+    def fork(self) -> SiteResolver:
+        """A resolver for another thread: the same caches, none of this thread's calls."""
+        other = SiteResolver.__new__(SiteResolver)
+        other.codes, other._kept = self.codes, self._kept
+        other._interned, other._stacks = self._interned, self._stacks
+        other.calls = []
+        return other
+
+    def add_boundary(self, code: CodeType) -> None:
+        """Frames of `code` are boundaries: their function keeps [its frame, UNSET] on
+        `calls` for as long as it runs."""
+        self.codes[id(code)] = BOUNDARY
+        self._kept.append(code)
 
     def classify(self, code: CodeType) -> bool | dict[int, Site]:
         """Cache and return what `codes` holds for `code`."""
@@ -62,18 +90,6 @@ class SiteResolver:
         self.codes[id(code)] = entry
         self._kept.append(code)
         return entry
-
-    def _user(self, frame: FrameType | None) -> tuple[FrameType | None, Any]:
-        """The innermost user frame at or above `frame`, and its `codes` entry."""
-        codes = self.codes
-        while frame is not None:
-            entry = codes.get(id(frame.f_code))
-            if entry is None:
-                entry = self.classify(frame.f_code)
-            if entry is not False:
-                return frame, entry
-            frame = frame.f_back
-        return None, None
 
     def site_of(self, frame: FrameType | None) -> Site | None:
         """The interned Site of a user frame."""
@@ -83,7 +99,7 @@ class SiteResolver:
         entry = self.codes.get(id(code))
         if entry is None:
             entry = self.classify(code)
-        if entry is False:  # an internal frame asked for by name (stack walks skip these)
+        if entry is False or entry is BOUNDARY:  # an internal frame asked for by name
             return self.new_site(frame, {})
         site = entry.get(frame.f_lasti)
         return site if site is not None else self.new_site(frame, entry)
@@ -105,12 +121,27 @@ class SiteResolver:
         return self.resolve_from(_getframe(1))
 
     def resolve_from(self, frame: FrameType | None) -> Site | None:
-        """The user call site at or above `frame`, or None."""
-        frame, entry = self._user(frame)
-        if frame is None:
-            return None
-        site = entry.get(frame.f_lasti)
-        return site if site is not None else self.new_site(frame, entry)
+        """The user call site at or above `frame`, or None: the innermost user frame's, or
+        that of the innermost boundary call if it comes first."""
+        codes = self.codes
+        while frame is not None:
+            code = frame.f_code
+            entry = codes.get(id(code))
+            if entry is None:
+                entry = self.classify(code)
+            if entry is not False:
+                if entry is not BOUNDARY:
+                    site = entry.get(frame.f_lasti)
+                    return site if site is not None else self.new_site(frame, entry)
+                for call in reversed(self.calls):  # innermost first: most often the last
+                    if call[0] is frame:
+                        site = call[1]
+                        if site is UNSET:
+                            site = call[1] = self.resolve_from(frame.f_back)
+                        return site
+                # a boundary frame not entered through this resolver: climb past it
+            frame = frame.f_back
+        return None
 
     def stack_at(self, site: Site | None) -> list[Site]:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
@@ -131,7 +162,7 @@ class SiteResolver:
             entry = codes.get(id(frame.f_code))
             if entry is None:
                 entry = self.classify(frame.f_code)
-            if entry is not False:
+            if entry is not False and entry is not BOUNDARY:
                 frames.append(self.site_of(frame))
             frame = frame.f_back
         return frames
