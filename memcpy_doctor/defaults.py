@@ -28,6 +28,10 @@ CHROME_EVENTS = 200_000
 #: The tracer's table of which op made each live tensor is swept of freed tensors' entries
 #: once it holds twice as many entries as after the last sweep, and never below this size.
 PRODUCER_SWEEP_MIN = 4096
+#: A host op's call times are kept as a list and folded into its totals (count, sum, min,
+#: max, by the C built-ins) when the list reaches this length, and at the end: a list append
+#: costs the per-op path a fraction of five counter updates. Bounds the lists' memory.
+OP_TIMES_FOLD_AT = 64
 
 #: Most user frames kept in a copy record's stack.
 MAX_STACK_FRAMES = 16

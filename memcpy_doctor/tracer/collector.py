@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..defaults import PRODUCER_SWEEP_MIN
+from ..defaults import OP_TIMES_FOLD_AT, PRODUCER_SWEEP_MIN
 from .chrome import ChromeLog
 from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
                      TransferRecord, WaitRecord)
@@ -53,13 +53,17 @@ NO_CALL_YET = 1 << 62
 class OpAgg:
     """One (op, device, site) being filled; `ref` is what copies name as producer/consumer.
 
-    The per-op path (TraceState.dispatch) updates the counters in place; the Event Summary
-    row of the op is folded from its OpAggs at the end. `flows_in` holds, by id of the
-    producing OpAgg, [producer OpAgg, reads, bytes read]: the op graph's edges into this op.
+    The per-op path (TraceState.dispatcher) updates the counters in place; the Event
+    Summary row of the op is folded from its OpAggs at the end. `flows_in` holds, by the
+    producing OpAgg (hashed by identity), [reads, bytes read]: the op graph's edges into
+    this op. A host op's calls land in `times` first (see `fold`).
     """
 
     __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",
-                 "bytes", "min_ns", "max_ns", "flows_in")
+                 "bytes", "min_ns", "max_ns", "flows_in", "times")
+
+    #: the length at which the per-op path folds `times`
+    FOLD_AT = OP_TIMES_FOLD_AT
 
     def __init__(self, ref: OpRef, event: EventAgg, thread: str | None = None) -> None:
         self.ref = ref
@@ -73,7 +77,24 @@ class OpAgg:
         self.bytes = 0
         self.min_ns = NO_CALL_YET  # above any call's time: the per-op path compares once
         self.max_ns = 0
-        self.flows_in: dict[int, list] = {}
+        self.flows_in: dict[OpAgg, list[int]] = {}
+        #: host times (ns) of calls without device time, not yet in the counters
+        self.times: list[int] = []
+
+    def fold(self) -> None:
+        """Add the calls in `times` to the counters."""
+        times = self.times
+        if times:
+            total = sum(times)
+            self.calls += len(times)
+            self.host_ns += total
+            self.run_ns += total
+            shortest, longest = min(times), max(times)
+            if shortest < self.min_ns:
+                self.min_ns = shortest
+            if longest > self.max_ns:
+                self.max_ns = longest
+            times.clear()
 
     def add_device(self, ns: int, host_ns: int) -> None:
         """Device time measured after the call (real GPU): lands on the op and its row."""
@@ -86,9 +107,11 @@ class OpAgg:
 
 
 class TensorRef(weakref.ref):
-    """A weak reference to a tensor, carrying what the tracer knows about it (`value`)."""
+    """A weak reference to a tensor, carrying what the tracer knows about it: `value`, and
+    `nbytes`, its size when the op that made it last was a kernel (-1: not known; only an op
+    with the tensor as its output, or a rebind, changes a tensor's size)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "nbytes")
 
 
 class CopyAgg:
@@ -182,7 +205,7 @@ class Collector:
     def new_op(self, key: tuple[str, str, int, str | None], name: str, device: str,
                site: Site | None) -> OpAgg:
         """The aggregate of an op first seen at `key`: (name, device, id(site), thread). The
-        per-op path (TraceState.dispatch) looks aggregates up and updates them itself."""
+        per-op path (TraceState.dispatcher) looks aggregates up and updates them itself."""
         event = self.op_events.get(name)
         if event is None:
             event = self.op_events[name] = self.events[name] = EventAgg()
@@ -202,16 +225,20 @@ class Collector:
         entry = self.producers.get(key)
         if entry is not None and entry() is t:
             entry.value = agg
+            entry.nbytes = -1
             return
         entry = self.producers[key] = TensorRef(t)
         entry.value = agg
+        entry.nbytes = -1
         if len(self.producers) > self.sweep_at:
             self.sweep()
 
     def sweep(self) -> None:
-        """Forget the entries of freed tensors."""
-        self.producers = {k: r for k, r in self.producers.items() if r() is not None}
-        self.sweep_at = max(PRODUCER_SWEEP_MIN, 2 * len(self.producers))
+        """Forget the entries of freed tensors (in place: the per-op path holds the table)."""
+        producers = self.producers
+        for k in [k for k, r in producers.items() if r() is None]:
+            del producers[k]
+        self.sweep_at = max(PRODUCER_SWEEP_MIN, 2 * len(producers))
 
     def producer_agg(self, t: torch.Tensor) -> OpAgg | None:
         entry = self.producers.get(id(t))
@@ -347,7 +374,10 @@ class Collector:
 
     # ----- results -----
     def finish(self) -> None:
-        """Copies never read by an op before the end get a null consumer."""
+        """Copies never read by an op before the end get a null consumer; every op's calls
+        are in its counters."""
+        for agg in self.ops.values():
+            agg.fold()
         for _, pending in list(self.pending.values()):
             if pending.agg is None:
                 self._finish(pending, None)
@@ -376,7 +406,7 @@ class Collector:
 
     def flow_records(self) -> list[FlowRecord]:
         return [FlowRecord(p.ref, c.ref, calls, nbytes)
-                for c in self.ops.values() for p, calls, nbytes in c.flows_in.values()]
+                for c in self.ops.values() for p, (calls, nbytes) in c.flows_in.items()]
 
     def copy_records(self) -> list[CopyRecord]:
         out = []

@@ -17,27 +17,23 @@ from typing import Any, Callable
 import torch
 
 from .._torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
-                              dynamo_skip_frame, set_eval_frame)
+                              dynamo_skip_frame)
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim import printed_bytes
-from .state import TraceState
-
-_DisableTorchFunction = torch._C.DisableTorchFunction
-#: Whether a torch function mode is on the stack or an argument is a tensor subclass with its
-#: own __torch_function__. Usually neither is so while an op is dispatched (the function mode
-#: is off while the call it handles runs), and entering DisableTorchFunction costs a fifth of
-#: a microsecond an op.
-_has_torch_function = torch._C._has_torch_function
+from .sites import UNSET
+from .state import _NO_KWARGS, TraceState
 
 
 class DispatchMode(TorchDispatchMode):
-    """Hands every aten op to `TraceState.dispatch`.
+    """Hands every aten op to its state's dispatcher (TraceState.dispatcher), which torch calls
+    as this mode's `__torch_dispatch__`: torch looks the method up on the mode object (and
+    checks that it is bound to it), so the closure, bound to the instance, is called with no
+    Python frame in between.
 
     torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable, a Python
-    wrapper that costs about a microsecond an op; this mode opts out of the wrapper and does
-    what it does, directly: torch.compile never compiles `__torch_dispatch__` itself (its
-    code is marked skipped) and no eval-frame callback runs while the tracer's own code runs
-    (the caller's is restored after).
+    wrapper that costs about a microsecond an op; this mode opts out of the wrapper and the
+    dispatcher does what it does, directly (torch.compile never compiles its code, marked
+    skipped here).
     """
 
     @classmethod
@@ -47,41 +43,31 @@ class DispatchMode(TorchDispatchMode):
     def __init__(self, state: TraceState) -> None:
         super().__init__()
         self.state = state
-        dynamo_skip_frame(DispatchMode.__torch_dispatch__.__code__)
+        dispatch = state.dispatcher()
+        self.__torch_dispatch__ = types.MethodType(dispatch, self)
+        dynamo_skip_frame(dispatch.__code__)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        prior = set_eval_frame(None)
-        try:
-            state = self.state
-            if state.suspended:
-                return func(*args, **(kwargs if kwargs is not None else _NO_KWARGS))
-            if kwargs is None:
-                kwargs = _NO_KWARGS
-            if _has_torch_function(args):  # the tracer's own tensor reads must not reach
-                with _DisableTorchFunction():  # a function mode or a subclass's handler
-                    return state.dispatch(func, args, kwargs)
-            return state.dispatch(func, args, kwargs)
-        finally:
-            set_eval_frame(prior)
+        raise AssertionError("replaced on each instance by its state's dispatcher")
 
 
 #: What the function mode does with a Python-level call, decided once per callable.
 #: _BUILTIN is a plain call into C++ (torch.mm, Tensor.add): no Python runs inside it, so
 #: every op it dispatches has the call site of the call, found once here rather than by a
 #: stack walk per op. A call into Python code (_PLAIN) may reach the user's code again
-#: (a hook, a custom autograd Function), so its ops walk the stack.
+#: (a hook, a custom autograd Function), so its ops walk the stack, up to the call's frame in
+#: `_plain`, a boundary whose site is found once per call (see tracer/sites.py).
 _PLAIN, _BUILTIN, _HANDLED, _TRIGGER, _DATA_FACTORY, _GETTER = range(6)
 _C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
                 types.WrapperDescriptorType, types.MethodWrapperType)
 _getframe = sys._getframe
-#: The kwargs of a call without any, shared by all such calls (neither torch nor the tracer
-#: changes a kwargs dict in place; a read-only mapping would cost 0.14 us each time it is
-#: unpacked).
-_NO_KWARGS: dict = {}
 
 
 class FunctionMode(TorchFunctionMode):
+    """Sees Python-level torch calls; its `__torch_function__` is a closure bound to the
+    instance (as DispatchMode's is), built by `_handler`."""
+
     def __init__(self, state: TraceState, handlers: dict[Any, Callable]) -> None:
         super().__init__()
         self.state = state
@@ -89,7 +75,9 @@ class FunctionMode(TorchFunctionMode):
         sim = state.sim
         self.factory = sim.factory if sim is not None else None
         self.kinds: dict[Any, int] = {}
-        self.codes = state.sites.codes
+        self.calls = state.sites.calls
+        state.sites.add_boundary(FunctionMode._plain.__code__)
+        self.__torch_function__ = types.MethodType(self._handler(), self)
 
     def _kind(self, func: Any) -> int:
         if func in self.handlers:
@@ -110,67 +98,85 @@ class FunctionMode(TorchFunctionMode):
             pass
         return kind
 
+    def _handler(self) -> Callable[..., Any]:
+        """The mode's `__torch_function__`, with what stays fixed for the run bound once."""
+        state, kinds, handlers, factory = self.state, self.kinds, self.handlers, self.factory
+        kind_of, plain = self._kind, self._plain
+        sim = factory is not None
+        codes, resolve_from = state.sites.codes, state.sites.resolve_from
+
+        def __torch_function__(mode: Any, func: Any, types: Any, args: tuple = (),
+                               kwargs: dict | None = None) -> Any:
+            if kwargs is None:
+                kwargs = _NO_KWARGS
+            if state.suspended:
+                return func(*args, **kwargs)
+            try:
+                kind = kinds.get(func)
+            except TypeError:
+                kind = None
+            if kind is None:
+                kind = kind_of(func)
+            if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, never a copy
+                return func(*args, **kwargs)
+            if kind == _HANDLED:
+                return handlers[func](func, args, kwargs)
+            if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
+                return factory(func, args, kwargs)
+            # the arguments of the call now running are read (on the simulated GPU) only if
+            # an op inside it has no tensor inputs
+            if kind == _BUILTIN:  # the commonest call: no trigger to name
+                prev_call, prev_site = state.call_args, state.call_site
+                caller = _getframe(1)  # SiteResolver.resolve_from, its first step inlined:
+                entry = codes.get(id(caller.f_code))  # the caller is most often user code
+                site = entry.get(caller.f_lasti) if entry else None
+                state.call_site = site if site is not None else resolve_from(caller)
+                del caller
+                state.call_args = (args, kwargs)
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    state.call_args, state.call_site = prev_call, prev_site
+            if kind == _PLAIN:  # a Python function: its ops find their own sites
+                return plain(func, args, kwargs)
+            if sim and kind == _DATA_FACTORY and default_device_type() == "cuda":
+                # under torch.set_default_device("cuda") torch would build these on the device
+                return factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
+            trigger = TRIGGERS.get(func)
+            prev, prev_call = state.trigger, state.call_args
+            prev_backward, prev_site = state.backward_site, state.call_site
+            if trigger is not None:
+                state.trigger = trigger
+                if trigger == "backward":
+                    state.backward_site = resolve_from(_getframe(1))
+                elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(): as _BUILTIN
+                    state.call_site = resolve_from(_getframe(1))
+            state.call_args = (args, kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                state.trigger, state.call_args = prev, prev_call
+                state.backward_site, state.call_site = prev_backward, prev_site
+
+        return __torch_function__
+
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        state = self.state
-        if kwargs is None:
-            kwargs = _NO_KWARGS
-        if state.suspended:
-            return func(*args, **kwargs)
-        try:
-            kind = self.kinds.get(func)
-        except TypeError:
-            kind = None
-        if kind is None:
-            kind = self._kind(func)
-        if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, and never a copy
-            return func(*args, **kwargs)
-        if kind == _HANDLED:
-            return self.handlers[func](func, args, kwargs)
-        sim = self.factory is not None
-        if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
-            return self.factory(func, args, kwargs)
-        # the arguments of the call now running are read (on the simulated GPU) only if an
-        # op inside it has no tensor inputs
-        if kind == _BUILTIN:  # the commonest call: no trigger to name
-            prev_call, prev_site = state.call_args, state.call_site
-            caller = _getframe(1)  # SiteResolver.resolve_from, its first step inlined:
-            entry = self.codes.get(id(caller.f_code))  # the caller is most often user code
-            site = entry.get(caller.f_lasti) if entry else None
-            state.call_site = site if site is not None else state.sites.resolve_from(caller)
-            del caller
+        raise AssertionError("replaced on each instance by `_handler`")
+
+    def _plain(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A call into a torch function written in Python; its frame is a boundary (see
+        tracer/sites.py) while it runs."""
+        state, calls = self.state, self.calls
+        calls.append([_getframe(0), UNSET])
+        prev_call = state.call_args
+        if self.factory is not None:
             state.call_args = (args, kwargs)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                state.call_args, state.call_site = prev_call, prev_site
-        if kind == _PLAIN:  # a Python function: its ops find their own sites
-            if not sim:
-                return func(*args, **kwargs)
-            prev_call = state.call_args
-            state.call_args = (args, kwargs)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                state.call_args = prev_call
-        if sim and kind == _DATA_FACTORY and default_device_type() == "cuda":
-            # under torch.set_default_device("cuda") torch would build these on the device
-            return self.factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
-        trigger = TRIGGERS.get(func)
-        prev, prev_call = state.trigger, state.call_args
-        prev_backward, prev_site = state.backward_site, state.call_site
-        if trigger is not None:
-            state.trigger = trigger
-            if trigger == "backward":
-                state.backward_site = state.sites.resolve_from(_getframe(1))
-            elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(...): as _BUILTIN
-                state.call_site = state.sites.resolve_from(_getframe(1))
-        state.call_args = (args, kwargs)
         try:
             return func(*args, **kwargs)
         finally:
-            state.trigger, state.call_args = prev, prev_call
-            state.backward_site, state.call_site = prev_backward, prev_site
+            state.call_args = prev_call
+            calls.pop()
 
 
 def common_handlers(state: TraceState) -> dict[Any, Callable]:

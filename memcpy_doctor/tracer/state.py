@@ -1,7 +1,7 @@
 """The tracer's per-run state and its per-op path, shared by the real and the simulated GPU.
 
-`TraceState.dispatch` is called for every aten op (forward and backward) by the dispatch mode;
-it is the hot path: one op-table lookup, the call site (found once per Python call by the
+`TraceState.dispatcher()` makes what the dispatch mode calls for every aten op (forward and
+backward); it is the hot path: one op-table lookup, the call site (found once per Python call by the
 function mode, or by a walk over cached code objects), one aggregate update, one look-up per
 input for the op graph and one weak reference per output for producer tracking.
 docs/benchmarks.md has what each costs. Each traced thread has its own TraceState (`sibling`)
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import sys
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .._torch_private import ENGINE_RUN_BACKWARD
+from .._torch_private import ENGINE_RUN_BACKWARD, set_eval_frame
 from ..analysis.costmodel import DeviceProfile, Timeline
-from .collector import Collector, TensorRef
+from .collector import Collector, OpAgg, TensorRef
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
 from .sim import NO_STORAGE
@@ -28,6 +28,14 @@ Tensor = torch.Tensor
 
 _CPU = torch.device("cpu")
 _getframe = sys._getframe
+_DisableTorchFunction = torch._C.DisableTorchFunction
+#: Whether a torch function mode is on the stack or an argument is a tensor subclass with its
+#: own __torch_function__ (see TraceState.dispatcher).
+_has_torch_function = torch._C._has_torch_function
+#: The kwargs of an op without any, shared by all such ops (neither torch nor the tracer
+#: changes a kwargs dict in place; a read-only mapping would cost 0.14 us each time it is
+#: unpacked).
+_NO_KWARGS: dict = {}
 
 #: TraceState.call_site when the op's call site must be found by walking the stack.
 UNRESOLVED = object()
@@ -48,6 +56,14 @@ def tensors_in(args: tuple, kwargs: dict) -> list[Tensor]:
             elif isinstance(a, (list, tuple)):
                 found.extend(b for b in a if isinstance(b, Tensor))
     return found
+
+
+def _with_kwarg_tensors(ins: tuple | list, kwargs: dict) -> tuple | list:
+    """`ins` and the tensors among keyword arguments, if there are any (a new list)."""
+    for a in kwargs.values():
+        if isinstance(a, Tensor) or a.__class__ is list or a.__class__ is tuple:
+            return list(ins) + tensors_in((), kwargs)
+    return ins
 
 
 def _names_cuda(device: Any) -> bool:
@@ -98,6 +114,7 @@ class TraceState:
         other = TraceState.__new__(TraceState)
         other.__dict__.update(self.__dict__)  # the shared parts: profile, records, device
         other.thread = thread
+        other.sites = self.sites.fork()
         other.timeline = self.timeline.fork() if self.timeline is not None else None
         other.suspended = False
         other.trigger = other.forced = other.call_args = None
@@ -121,219 +138,271 @@ class TraceState:
         return sim.on_device(t) if sim is not None else t.is_cuda
 
     # ----- the per-op path -----
-    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """Run one aten op and record it. Written flat, with the lookups of the helpers it
-        would call inlined: this runs for every op of the program (see docs/benchmarks.md)."""
-        now = perf_counter_ns()
-        timeline = self.timeline
-        if timeline is not None and now > self.last_exit:  # the program's own time since
-            timeline.host_ns += now - self.last_exit
-        info = OP_INFO.get(id(func)) or op_info(func)
-        ins = []
-        for a in args:
-            if isinstance(a, Tensor):
-                ins.append(a)
-        if len(ins) < len(args):  # a Tensor[] argument (cat, index), or a scalar
-            for a in args:
-                if a.__class__ is list or a.__class__ is tuple:
-                    ins.extend(b for b in a if isinstance(b, Tensor))
-        if kwargs:
-            for a in kwargs.values():
-                if isinstance(a, Tensor):
-                    ins.append(a)
-                elif a.__class__ is list or a.__class__ is tuple:
-                    ins.extend(b for b in a if isinstance(b, Tensor))
+    def dispatcher(self) -> Callable[..., Any]:
+        """The dispatch mode's `__torch_dispatch__` for this state: runs one aten op and
+        records it.
+
+        It runs for every op of the program (docs/benchmarks.md has what each part costs), so
+        it is one closure, not a method behind the mode's own: what stays fixed for the run
+        (the device, the records, the tables) is bound once here, the lookups of the helpers
+        it would call are inlined, and it is also the mode's wrapper. torch wraps a dispatch
+        mode's `__torch_dispatch__` in torch._dynamo.disable (about a microsecond an op); the
+        mode opts out (modes.DispatchMode) and this does the same job in two C calls: no
+        eval-frame callback runs the tracer's own code (the caller's is restored after). The
+        tracer's own tensor reads must not reach a function mode or a subclass handler:
+        DisableTorchFunction is entered only when `_has_torch_function` says one could see
+        them (usually none can: the function mode is off while the call it handles runs, and
+        entering it costs a fifth of a microsecond).
+        """
+        state = self
         sim = self.sim
-        forced = self.forced
-        if sim is not None:
-            if kwargs:
-                target = kwargs.get("device")
-                if target is not None and _names_cuda(target):
-                    # A real cuda device reached an aten op (torch.set_default_device("cuda"),
-                    # or torch code handed one): build on the host, or copy there, as a GPU
-                    # would.
-                    if ins and info.short == "_to_copy":
-                        return sim.dispatch_transfer(func, args, kwargs)
-                    kwargs = {**kwargs, "device": _CPU}
-                    forced = True
-            marks = sim.cuda_marks.refs
-            if marks:
-                dev_in = []
-                for t in ins:
-                    try:
-                        dev_in.append(id(t.untyped_storage()) in marks)
-                    except NO_STORAGE:
-                        dev_in.append(False)  # sparse, nested, storage-less: never marked
-                any_dev = True in dev_in
-                if any_dev and False in dev_in and not info.mixed_ok and forced is None:
-                    sim.check_mixed(ins, dev_in)
-            else:
-                dev_in, any_dev = (), False
-        else:
-            dev_in = [t.is_cuda for t in ins]
-            any_dev = True in dev_in
-            if info.short in ("_to_copy", "copy_") and (any_dev or
-                                                        _names_cuda(kwargs.get("device"))):
-                # .to("cuda") of a host tensor has no device input: its target says it
-                copied = self._real_copy(info, func, args, kwargs)
-                if copied is not None:
-                    return copied[0]
-
-        site = self.call_site  # set by the function mode for a call into C++
-        if site is UNRESOLVED:
-            caller = _getframe(1).f_back  # the Python frame below the C++ that ran this op
-            if (caller is not None and caller.f_code is ENGINE_RUN_BACKWARD
-                    and self.backward_site is not UNRESOLVED):
-                site = self.backward_site  # straight from the autograd engine: no user code
-            else:  # (a hook or custom Function would be the caller) between the two
-                site = self.sites.resolve_from(caller)
-            del caller  # a frame holds the program's locals: never keep it past the call
-
         timer = self.timer
-        if timer is not None and (any_dev or (not ins and _names_cuda(kwargs.get("device")))):
-            mark = timer.begin()
-        else:
-            mark = None
-        t0 = perf_counter_ns()
-        out = info.call(*args, **kwargs)
-        host_ns = perf_counter_ns() - t0
-        if isinstance(out, Tensor):
-            outs = [out]
-        else:
-            outs = tensors_out(out)
-
-        if sim is not None:
-            if forced is not None:
-                cuda_out = forced
-            elif ins:
-                cuda_out = any_dev
-            else:
-                cuda_out = self.call_args is not None and sim.any_cuda(*self.call_args)
-            if cuda_out:
-                marks = sim.cuda_marks.refs
-                for o in outs:
-                    try:
-                        storage = o.untyped_storage()
-                    except NO_STORAGE:
-                        continue  # sparse, nested or storage-less tensors: never marked
-                    if id(storage) not in marks:  # a new storage (not a view, not in place)
-                        sim.cuda_marks.add(storage)
-                device = "cuda:0"
-            else:
-                device = "cuda:0" if any_dev else "cpu"
-        elif any_dev:
-            device = f"cuda:{ins[dev_in.index(True)].get_device()}"
-        elif outs and outs[0].is_cuda:
-            device = f"cuda:{outs[0].get_device()}"
-        else:
-            device = "cpu"
-
+        timeline = self.timeline
+        thread = self.thread
+        profile = self.profile
+        launch_ns, kernel_min_ns, bandwidth = self.launch_ns, self.kernel_min_ns, self.bandwidth
         col = self.collector
-        sync = info.sync
-        copy_is_op = sync is not None and not info.kernel and any_dev and dev_in[0]
-        if not copy_is_op:
-            key = (info.name, device, id(site), self.thread)
-            agg = col.ops.get(key)
-            if agg is None:
-                agg = col.new_op(key, info.name, device, site)
-            run_ns = host_ns
-            device_ns = flops = nbytes = 0
-            kernel = info.kernel
-            if kernel and info.flops is not None:
-                try:
-                    flops = info.flops(args, kwargs, outs)
-                except Exception:  # a formula that does not fit these arguments
-                    flops = 0
-            # the inputs: bytes read, and the op graph's edges from the ops that made them
-            producers = col.producers
-            flows_in = agg.flows_in
-            for t in ins:
-                made = producers.get(id(t))
-                if made is not None and made() is t:
-                    made_by = made.value
-                    edge = flows_in.get(id(made_by))
-                    if edge is None:
-                        edge = flows_in[id(made_by)] = [made_by, 0, 0]
-                    read = t.nbytes
-                    edge[1] += 1
-                    edge[2] += read
-                    if kernel:
-                        nbytes += read
-                elif kernel:
-                    nbytes += t.nbytes
-            if kernel:
-                for o in outs:
-                    nbytes += o.nbytes
-            if device != "cpu":
-                if sim is None:
-                    if mark is not None:
-                        timer.end(mark, agg, host_ns)
-                elif info.kernel:  # simulated kernel: modeled; the host pays the launch only
+        ops, producers, pending = col.ops, col.producers, col.pending
+        resolve_from = self.sites.resolve_from
+        fold_at = OpAgg.FOLD_AT
+        cuda_marks = sim.cuda_marks if sim is not None else None
+        marks = cuda_marks.refs if sim is not None else None
+
+        def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
+                     kwargs: dict | None = None) -> Any:
+            prior = set_eval_frame(None)
+            disabled = None
+            try:
+                if kwargs is None:
+                    kwargs = _NO_KWARGS
+                if state.suspended:
+                    return func(*args, **kwargs)
+                if _has_torch_function(args):
+                    disabled = _DisableTorchFunction()
+                    disabled.__enter__()
+                now = perf_counter_ns()
+                if timeline is not None and now > state.last_exit:  # the program's own time
+                    timeline.host_ns += now - state.last_exit
+                info = OP_INFO.get(id(func)) or op_info(func)
+                for a in args:  # the tensor inputs: most often all the arguments
+                    if not isinstance(a, Tensor):
+                        ins = []
+                        for a in args:
+                            if isinstance(a, Tensor):
+                                ins.append(a)
+                            elif a.__class__ is list or a.__class__ is tuple:  # Tensor[]
+                                ins.extend(b for b in a if isinstance(b, Tensor))
+                        break
+                else:
+                    ins = args
+                if kwargs:
+                    ins = _with_kwarg_tensors(ins, kwargs)
+                forced = state.forced
+                if sim is not None:
+                    if kwargs:
+                        target = kwargs.get("device")
+                        if target is not None and _names_cuda(target):
+                            # A real cuda device reached an aten op (torch.set_default_device
+                            # ("cuda"), or torch code handed one): build on the host, or copy
+                            # there, as a GPU would.
+                            if ins and info.short == "_to_copy":
+                                return sim.dispatch_transfer(func, args, kwargs)
+                            kwargs = {**kwargs, "device": _CPU}
+                            forced = True
+                    if marks:
+                        dev_in = []
+                        for t in ins:
+                            try:
+                                dev_in.append(id(t.untyped_storage()) in marks)
+                            except NO_STORAGE:
+                                dev_in.append(False)  # sparse, nested, storage-less: unmarked
+                        any_dev = True in dev_in
+                        if any_dev and False in dev_in and not info.mixed_ok and forced is None:
+                            sim.check_mixed(ins, dev_in)
+                    else:
+                        dev_in, any_dev = (), False
+                else:
+                    dev_in = [t.is_cuda for t in ins]
+                    any_dev = True in dev_in
+                    if info.short in ("_to_copy", "copy_") and (
+                            any_dev or _names_cuda(kwargs.get("device"))):
+                        # .to("cuda") of a host tensor has no device input: its target says it
+                        copied = state._real_copy(info, func, args, kwargs)
+                        if copied is not None:
+                            return copied[0]
+
+                site = state.call_site  # set by the function mode for a call into C++
+                if site is UNRESOLVED:
+                    caller = _getframe(1)  # the Python frame below the C++ that ran this op
+                    if (caller is not None and caller.f_code is ENGINE_RUN_BACKWARD
+                            and state.backward_site is not UNRESOLVED):
+                        site = state.backward_site  # from the autograd engine: no user code
+                    else:  # (a hook or custom Function would be the caller) between the two
+                        site = resolve_from(caller)
+                    del caller  # a frame holds the program's locals: never keep it
+
+                if timer is not None and (any_dev or (
+                        not ins and _names_cuda(kwargs.get("device")))):
+                    mark = timer.begin()
+                else:
+                    mark = None
+                t0 = perf_counter_ns()
+                out = info.call(*args, **kwargs)
+                host_ns = perf_counter_ns() - t0
+                if isinstance(out, Tensor):
+                    outs = (out,)
+                else:
+                    outs = tensors_out(out)
+
+                if sim is not None:
+                    if forced is not None:
+                        cuda_out = forced
+                    elif ins:
+                        cuda_out = any_dev
+                    else:
+                        cuda_out = state.call_args is not None and sim.any_cuda(*state.call_args)
+                    if cuda_out:
+                        for o in outs:
+                            try:
+                                storage = o.untyped_storage()
+                            except NO_STORAGE:
+                                continue  # sparse, nested or storage-less tensors: unmarked
+                            if id(storage) not in marks:  # new storage (not a view, in place)
+                                cuda_marks.add(storage)
+                        device = "cuda:0"
+                    else:
+                        device = "cuda:0" if any_dev else "cpu"
+                elif any_dev:
+                    device = f"cuda:{ins[dev_in.index(True)].get_device()}"
+                elif outs and outs[0].is_cuda:
+                    device = f"cuda:{outs[0].get_device()}"
+                else:
+                    device = "cpu"
+
+                sync = info.sync
+                copy_is_op = sync is not None and not info.kernel and any_dev and dev_in[0]
+                if not copy_is_op:
+                    key = (info.name, device, id(site), thread)
+                    agg = ops.get(key)
+                    if agg is None:
+                        agg = col.new_op(key, info.name, device, site)
+                    kernel = info.kernel
+                    flops = nbytes = 0
+                    if kernel and info.flops is not None:
+                        try:
+                            flops = info.flops(args, kwargs, outs)
+                        except Exception:  # a formula that does not fit these arguments
+                            flops = 0
+                    # the inputs: bytes read, and the op graph's edges from the ops that
+                    # made them (a TensorRef knows its tensor's size when its op was a kernel)
+                    flows_in = agg.flows_in
+                    for t in ins:
+                        made = producers.get(id(t))
+                        if made is not None and made() is t:
+                            made_by = made.value
+                            read = made.nbytes
+                            if read < 0:
+                                read = t.nbytes
+                            edge = flows_in.get(made_by)
+                            if edge is None:
+                                edge = flows_in[made_by] = [0, 0]
+                            edge[0] += 1
+                            edge[1] += read
+                            nbytes += read
+                        elif kernel:
+                            nbytes += t.nbytes
+                    if pending:  # copies awaiting their first reader: is it this op?
+                        for t in ins:
+                            col.consume(t, agg.ref)
+                    # the outputs: made by this op (Collector.set_producer, inlined), or by
+                    # the op that made the input an op hands back unchanged
+                    producer = agg
+                    if info.pass_through and ins:
+                        producer = col.producer_agg(ins[0]) or agg
+                    for o in outs:
+                        made = producers.get(id(o))
+                        if made is None or made() is not o:
+                            made = producers[id(o)] = TensorRef(o)
+                        made.value = producer
+                        if kernel:
+                            made.nbytes = read = o.nbytes
+                            nbytes += read
+                        else:
+                            made.nbytes = -1
+                    if len(producers) > col.sweep_at:
+                        col.sweep()
+                    if not kernel:
+                        nbytes = 0
+
+                    device_ns = 0
+                    if device == "cpu":  # a host op: its time is folded in later (OpAgg.fold)
+                        if timeline is not None:
+                            timeline.host_ns += host_ns
+                        times = agg.times
+                        times.append(host_ns)
+                        if len(times) >= fold_at:
+                            agg.fold()
+                    else:
+                        agg.run_ns += host_ns  # what the host computed the op in
+                        if sim is None:
+                            if mark is not None:
+                                timer.end(mark, agg, host_ns)
+                        elif kernel:  # simulated kernel: modeled; the host pays the launch
+                            if flops:
+                                ref = outs[0] if outs else ins[0]
+                                device_ns = profile.kernel_ns(
+                                    flops, nbytes, DTYPE_CLASS.get(ref.dtype, "other"))
+                            else:  # DeviceProfile.kernel_ns without FLOPs: bytes/bandwidth
+                                device_ns = kernel_min_ns + round(nbytes / bandwidth * 1e9)
+                            # Timeline.enqueue, inlined: the host pays the launch, the device
+                            # runs the kernel when it is free
+                            host_ns = launch_ns
+                            timeline.host_ns += host_ns
+                            start = timeline.host_ns
+                            if timeline.device_ns > start:
+                                start = timeline.device_ns
+                            timeline.device_ns = start + device_ns
+                            agg.device_ns += device_ns
+                        else:
+                            timeline.host_ns += host_ns
+                        agg.calls += 1
+                        agg.host_ns += host_ns
+                        total = host_ns + device_ns
+                        if total < agg.min_ns:
+                            agg.min_ns = total
+                        if total > agg.max_ns:
+                            agg.max_ns = total
                     if flops:
-                        ref = outs[0] if outs else ins[0]
-                        device_ns = self.profile.kernel_ns(
-                            flops, nbytes, DTYPE_CLASS.get(ref.dtype, "other"))
-                    else:  # DeviceProfile.kernel_ns without FLOPs: bytes over bandwidth
-                        device_ns = self.kernel_min_ns + round(nbytes / self.bandwidth * 1e9)
-                    # Timeline.enqueue, inlined: the host pays the launch, the device runs
-                    # the kernel when it is free
-                    host_ns = self.launch_ns
-                    timeline.host_ns += host_ns
-                    start = timeline.host_ns
-                    if timeline.device_ns > start:
-                        start = timeline.device_ns
-                    timeline.device_ns = start + device_ns
-                else:
-                    timeline.host_ns += host_ns
-            elif timeline is not None:
-                timeline.host_ns += host_ns
-            agg.calls += 1
-            agg.host_ns += host_ns
-            agg.device_ns += device_ns
-            agg.run_ns += run_ns
-            agg.flops += flops
-            agg.bytes += nbytes
-            total = host_ns + device_ns
-            if total < agg.min_ns:
-                agg.min_ns = total
-            if total > agg.max_ns:
-                agg.max_ns = total
-            if col.chrome is not None:
-                col.chrome_op(agg, host_ns, device_ns)
+                        agg.flops += flops
+                    if nbytes:
+                        agg.bytes += nbytes
+                    if col.chrome is not None:
+                        col.chrome_op(agg, host_ns, device_ns)
+                elif mark is not None:
+                    timer.cancel(mark)  # the op is a copy: its time is the copy's
 
-            if col.pending:  # copies awaiting their first reader: is it this op?
-                for t in ins:
-                    col.consume(t, agg.ref)
-            producer = agg
-            if info.pass_through and ins:
-                producer = col.producer_agg(ins[0]) or agg
-            for o in outs:  # Collector.set_producer, inlined
-                made = producers.get(id(o))
-                if made is not None and made() is o:
-                    made.value = producer
-                else:
-                    made = producers[id(o)] = TensorRef(o)
-                    made.value = producer
-            if len(producers) > col.sweep_at:
-                col.sweep()
-        elif mark is not None:
-            timer.cancel(mark)  # the op is a copy: its time is the copy's
+                if any_dev:
+                    if sync is not None and dev_in[0]:
+                        trigger = sync.trigger
+                        if (info.short == "_local_scalar_dense"
+                                and state.trigger in SCALAR_TRIGGERS):
+                            trigger = state.trigger
+                        state.sync_copy("DtoH", trigger, sync.nbytes(args, kwargs, out), ins[0],
+                                        site, host_ns if copy_is_op else 0)
+                    elif info.repeat_interleave_tensor and dev_in[0]:
+                        output_size = args[1] if len(args) > 1 else kwargs.get("output_size")
+                        if output_size is None:  # its size is the sum of repeats, read back
+                            state.sync_copy("DtoH", "repeat_interleave", 8, ins[0], site, 0)
+                    elif info.index:
+                        state._index_copies(info, args, site)
+                state.last_exit = perf_counter_ns()
+                return out
+            finally:
+                if disabled is not None:
+                    disabled.__exit__(None, None, None)
+                set_eval_frame(prior)
 
-        if any_dev:
-            if sync is not None and dev_in[0]:
-                trigger = sync.trigger
-                if info.short == "_local_scalar_dense" and self.trigger in SCALAR_TRIGGERS:
-                    trigger = self.trigger
-                self.sync_copy("DtoH", trigger, sync.nbytes(args, kwargs, out), ins[0], site,
-                               host_ns if copy_is_op else 0)
-            elif info.repeat_interleave_tensor and dev_in[0]:
-                output_size = args[1] if len(args) > 1 else kwargs.get("output_size")
-                if output_size is None:  # the output's size is the sum of repeats, read back
-                    self.sync_copy("DtoH", "repeat_interleave", 8, ins[0], site, 0)
-            elif info.index:
-                self._index_copies(info, args, site)
-        self.last_exit = perf_counter_ns()
-        return out
+        return dispatch
 
     def _index_copies(self, info: OpInfo, args: tuple, site: Any) -> None:
         """Indexing a device tensor: a device mask is counted on the host (DtoH); a host index

@@ -1,0 +1,84 @@
+"""The collector's aggregates: what the per-op path keeps per op, and what a trace gets from it."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+import memcpy_doctor
+from memcpy_doctor.trace import OpRef
+from memcpy_doctor.tracer.collector import NO_CALL_YET, EventAgg, OpAgg
+
+
+def _agg() -> OpAgg:
+    return OpAgg(OpRef("aten::relu", "cpu", None), EventAgg())
+
+
+def test_fold_adds_the_kept_times_to_the_counters():
+    agg = _agg()
+    agg.times.extend([300, 100, 200])
+    agg.fold()
+    assert (agg.calls, agg.host_ns, agg.run_ns, agg.device_ns) == (3, 600, 600, 0)
+    assert (agg.min_ns, agg.max_ns) == (100, 300)
+    assert agg.times == []
+
+
+def test_fold_keeps_what_the_counters_held():
+    agg = _agg()
+    agg.calls, agg.host_ns, agg.run_ns, agg.min_ns, agg.max_ns = 2, 1000, 1000, 400, 600
+    agg.times.extend([500, 700])
+    agg.fold()
+    assert (agg.calls, agg.host_ns, agg.run_ns) == (4, 2200, 2200)
+    assert (agg.min_ns, agg.max_ns) == (400, 700)
+    agg.times.append(50)
+    agg.fold()
+    assert (agg.calls, agg.host_ns, agg.min_ns, agg.max_ns) == (5, 2250, 50, 700)
+
+
+def test_fold_of_nothing_changes_nothing():
+    agg = _agg()
+    agg.fold()
+    assert (agg.calls, agg.host_ns, agg.run_ns, agg.min_ns, agg.max_ns) == (0, 0, 0, NO_CALL_YET, 0)
+
+
+def test_a_host_op_called_past_the_fold_length_counts_every_call():
+    calls = 3 * OpAgg.FOLD_AT + 5  # folded three times on the way, the rest at the end
+    x = torch.ones(8)
+    with memcpy_doctor.profiler(device="sim") as prof:
+        for _ in range(calls):
+            x.relu()
+    (op,) = [o for o in prof.trace.ops if o.op == "aten::relu"]
+    (row,) = [e for e in prof.trace.events if e.name == "aten::relu"]
+    assert (op.calls, op.device, op.device_ns) == (calls, "cpu", 0)
+    assert op.run_ns == op.host_ns == row.cpu_ns
+    assert row.calls == calls
+    assert 0 < row.min_ns <= op.host_ns / calls <= row.max_ns <= op.host_ns
+
+
+def _line_of(marker: str, fn) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, text in enumerate(lines) if marker in text)
+
+
+def _rebound():
+    x = torch.randn(4, 4)
+    a = torch.mm(x, x)  # 64 bytes
+    a.data = torch.zeros(16, 16)  # rebind: 1024 bytes
+    a.relu()  # reads-rebound
+    c = torch.mm(x, x)
+    c.resize_(8, 8)  # 256 bytes, in place
+    c.relu()  # reads-resized
+
+
+def test_bytes_read_follow_a_tensor_rebound_or_resized_after_its_kernel():
+    """The per-op path keeps the size of a kernel's output; a rebind (`.data =`) or an
+    in-place resize makes the size it reads the tensor's new one."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        _rebound()
+    lines = {line: _line_of(f"reads-{line}", _rebound) for line in ("rebound", "resized")}
+    relu = {o.site.line: o.bytes for o in prof.trace.ops if o.op == "aten::relu"}
+    assert relu == {lines["rebound"]: 2 * 1024, lines["resized"]: 2 * 256}
+    into = {(f.producer.op, f.bytes) for f in prof.trace.flows
+            if f.consumer.op == "aten::relu"}
+    assert into == {("aten::zeros", 1024), ("aten::resize_", 256)}
