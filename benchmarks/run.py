@@ -8,9 +8,13 @@ key_averages(); with stacks, shapes and key_averages()), all in this one process
 - small-ops: a loop of 64x64 matmul, relu, mul, add;
 - transformer: a small TransformerEncoder forward and backward with an optimizer step;
 - generate: a generate-style loop that reads a token back to the host every step.
+memcpy-doctor's modes are end to end: tracing, then the trace and its Profiling Report.
 Then the memory and size check (10x the iterations: trace size and the tracer's own peak
 Python memory, by tracemalloc) and, with --million, explain and check on the trace of a run of
-about a million ops. Times are wall time on this machine; one thread.
+about a million ops. Times are wall time on this machine; one thread. A shared machine's speed
+drifts by tens of percent over minutes, so the modes take turns: each repetition runs every
+mode once, and each mode's time is its best. benchmarks/instructions.py counts instructions
+instead, which do not drift.
 """
 
 from __future__ import annotations
@@ -107,13 +111,16 @@ def count_ops(fn: Callable[[str, int], None], iters: int) -> int:
 REPEAT = 5
 
 
-def timed(run: Callable[[], None], repeat: int) -> float:
-    best = float("inf")
+def timed(runs: dict[str, Callable[[], None]], repeat: int) -> dict[str, float]:
+    """The best time of each run over `repeat` rounds, each round running each once in turn
+    (so a slow minute of the machine costs every mode alike)."""
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeat):
-        gc.collect()
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
+        for name, run in runs.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 
@@ -128,12 +135,14 @@ def modes(fn: Callable[[str, int], None], iters: int) -> dict[str, Callable[[], 
             fn("cpu", iters)
 
     def md_host():
-        with memcpy_doctor.profiler(device="sim"):
+        with memcpy_doctor.profiler(device="sim") as prof:
             fn("cpu", iters)
+        prof.report()
 
     def md_sim():
-        with memcpy_doctor.profiler(device="sim"):
+        with memcpy_doctor.profiler(device="sim") as prof:
             fn("cuda", iters)
+        prof.report()
 
     def tp_cpu():
         with profile(activities=[ProfilerActivity.CPU]):
@@ -158,15 +167,15 @@ def modes(fn: Callable[[str, int], None], iters: int) -> dict[str, Callable[[], 
 
 def overhead_table(quick: bool) -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, one thread; "
-          f"{'quick' if quick else 'full'} run; best of {1 if quick else REPEAT}")
+          f"{'quick' if quick else 'full'} run; best of {1 if quick else REPEAT} turns")
     for name, (fn, iters) in WORKLOADS.items():
         if quick:
             iters = max(2, iters // 10)
         ops = count_ops(fn, iters)
-        results = {}
-        for mode, run in modes(fn, iters).items():
-            run()  # warm up (first dispatch mode imports torch._dynamo)
-            results[mode] = timed(run, 1 if quick else REPEAT)
+        runs = modes(fn, iters)
+        for run in runs.values():
+            run()  # warm up (the first dispatch mode imports torch._dynamo)
+        results = timed(runs, 1 if quick else REPEAT)
         plain = results["plain"]
         bare = results["bare dispatch mode"] - plain
         md = results["memcpy-doctor (host)"] - plain
