@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -13,12 +15,17 @@ import memcpy_doctor
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+def _load(name: str):
+    path = ROOT / "benchmarks" / name
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("run.py")
 
 
 @pytest.mark.parametrize("name", ["small-ops", "transformer", "generate"])
@@ -30,3 +37,31 @@ def test_workloads_run_plain_and_traced(bench, name):
     assert any(o.device == "cuda:0" for o in prof.trace.ops)
     if name == "generate":  # the token read back every step
         assert sum(c.calls for c in prof.trace.copies if c.trigger == "int") == 2
+
+
+def test_instruction_counts_are_read_from_callgrind_annotate_output():
+    instructions = _load("instructions.py")
+    annotated = """\
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+  4,000,000 (40.00%)  /build/Python-3.11.7/./Modules/itertoolsmodule.c:takewhile_next [/lib/libpython3.11.so]
+  3,500,000 (35.00%)  ???:dropwhile_next [/usr/lib/libpython3.11.so]
+  2,000,000 (20.00%)  /build/Python-3.11.7/./Modules/itertoolsmodule.c:filterfalse_next [/lib/libpython3.11.so]
+  1,000,000 (10.00%)  /build/Python-3.11.7/./Modules/itertoolsmodule.c:starmap_next
+          6 ( 0.00%)  /build/Python-3.11.7/./Include/object.h:starmap_next [/lib/libpython3.11.so]
+    800,000 ( 8.00%)  /build/Python-3.11.7/./Modules/itertoolsmodule.c:compress_next_
+    900,000 ( 9.00%)  /build/Python-3.11.7/./Modules/itertoolsmodule.c:starmap_new [/lib/libpython3.11.so]
+"""
+    assert instructions.parse_counts(annotated) == {
+        "takewhile_next": 4_000_000, "dropwhile_next": 3_500_000,
+        "filterfalse_next": 2_000_000, "starmap_next": 1_000_000}
+
+
+def test_instruction_benchmark_runs_every_mode_natively():
+    """Without callgrind the measuring run is plain Python: every mode runs and it prints the
+    op count (4 ops an iteration and the two starting tensors)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"),
+                           "--measure", "small-ops"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(4 * 1000 + 2)]

@@ -1,0 +1,159 @@
+"""Tracer overhead per op in CPU instructions, which do not drift with the machine's load.
+
+    python benchmarks/instructions.py [WORKLOAD ...]
+
+Wall times on a shared machine swing by tens of percent between runs (benchmarks/run.py
+takes turns and best times to damp that); instruction counts repeat to within about one
+percent. This runs each workload of benchmarks/run.py under valgrind's callgrind (which must
+be installed: `apt install valgrind`), plain, under the bare forwarding dispatch mode and
+under memcpy-doctor (host tensors, and the simulated GPU, each end to end: tracing, then the
+trace and its report), and prints each mode's instructions per aten op beyond the plain run
+and the ratio to the bare mode's. Instructions are not time (a cache miss costs more than an
+add), but the tracer's overhead is interpreter work, which they follow closely.
+
+Each part runs inside a different C iterator of itertools (starmap, filterfalse, dropwhile,
+takewhile, accumulate, compress), which nothing else here uses, so callgrind's
+--toggle-collect counts each part's instructions alone: the tracing of memcpy-doctor's modes,
+and apart from it the end of their runs (the trace built, then its report), a cost per run
+rather than per op. A first, uncounted round warms every mode up. About 4 minutes per
+workload on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+#: The iterator each part runs in, in the order they run: the plain and bare modes, and the
+#: tracing and the end of memcpy-doctor's runs.
+TOGGLES = {"plain": "starmap_next", "bare": "filterfalse_next",
+           "memcpy-doctor (host)": "dropwhile_next", "memcpy-doctor (sim)": "takewhile_next",
+           "end (host)": "accumulate_next", "end (sim)": "compress_next"}
+#: Iterations per workload: fewer than benchmarks/run.py's, as callgrind runs 50x slower.
+ITERS = {"small-ops": 1000, "transformer": 8, "generate": 100}
+
+
+def measure(workload: str) -> None:
+    """Run inside callgrind: every mode once uncounted, then once each inside its iterator."""
+    import torch
+
+    import memcpy_doctor
+    sys.path.insert(0, str(HERE))
+    import run as bench
+
+    torch.set_num_threads(1)
+    fn, _ = bench.WORKLOADS[workload]
+    iters = ITERS[workload]
+
+    def plain(*_):
+        fn("cpu", iters)
+
+    def bare(*_):
+        with bench.Forwarding():
+            fn("cpu", iters)
+
+    def traced(device):
+        """The two parts of a memcpy-doctor run: start and trace; end (trace and report)."""
+        run = memcpy_doctor.profiler(device="sim")
+        started = []
+
+        def start_and_trace(*_):
+            started.append(run.__enter__())
+            fn(device, iters)
+
+        def end(*_):
+            run.__exit__(None, None, None)
+            started.pop().report()
+
+        return start_and_trace, end
+
+    host, host_end = traced("cpu")
+    sim, sim_end = traced("cuda")
+    for part in (plain, bare, host, host_end, sim, sim_end):
+        part()
+    host, host_end = traced("cpu")
+    sim, sim_end = traced("cuda")
+    list(itertools.starmap(plain, [()]))
+    list(itertools.filterfalse(bare, [0]))
+    list(itertools.dropwhile(host, [0]))
+    list(itertools.accumulate([0, 0], host_end))
+    list(itertools.takewhile(lambda _: sim(), [0]))
+    list(itertools.compress((sim_end() for _ in [0]), [1]))
+    print(bench.count_ops(fn, iters))
+
+
+def parse_counts(annotated: str) -> dict[str, int]:
+    """Instructions inside each toggled iterator function, from `callgrind_annotate
+    --inclusive=yes` output (lines like "  1,234 (5.00%)  .../itertoolsmodule.c:starmap_next
+    [...]", with or without the library in brackets; "???:" where Python was built without
+    debug information)."""
+    counts = {}
+    names = "|".join(TOGGLES.values())
+    for line in annotated.splitlines():
+        found = re.match(rf"\s*([\d,]+) .*:({names})(\s|$)", line)
+        if found:  # the largest: inlined parts are listed again under their header files
+            name, value = found.group(2), int(found.group(1).replace(",", ""))
+            counts[name] = max(value, counts.get(name, 0))
+    return counts
+
+
+def count(workload: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = str(pathlib.Path(tmp) / "callgrind.out")
+        command = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                   f"--callgrind-out-file={out_file}"]
+        command += [f"--toggle-collect={fn}" for fn in TOGGLES.values()]
+        command += [sys.executable, __file__, "--measure", workload]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{workload}: the run under callgrind failed:\n{done.stderr[-2000:]}")
+        ops = int(done.stdout.split()[-1])
+        # --threshold=100: by default only the functions that make up 99% of the count are
+        # listed, and the end of a run can be less than the other 1%.
+        annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
+                                    "--auto=no", out_file],
+                                   capture_output=True, text=True, check=True).stdout
+    counts = parse_counts(annotated)
+    plain = counts[TOGGLES["plain"]]
+    bare = counts[TOGGLES["bare"]] - plain
+    print(f"\n{workload}: {ops} aten ops per run; instructions per op")
+    print(f"  {'mode':<24}{'total':>10}{'overhead':>10}{'x bare overhead':>17}")
+    for mode in ("plain", "bare", "memcpy-doctor (host)", "memcpy-doctor (sim)"):
+        over = counts[TOGGLES[mode]] - plain
+        print(f"  {mode:<24}{counts[TOGGLES[mode]] / ops:10.0f}{over / ops:10.0f}"
+              f"{over / bare:17.3f}")
+    for where in ("host", "sim"):
+        end = counts[TOGGLES[f"end ({where})"]]
+        whole = counts[TOGGLES[f"memcpy-doctor ({where})"]] - plain + end
+        print(f"  end of the {where} run (trace and report): {end / 1e6:.1f} M instructions, "
+              f"{end / ops:.0f} per op of this run; end to end {whole / bare:.3f}x bare")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                        help=f"of {', '.join(ITERS)} (default: all)")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    unknown = set(opts.workloads) - set(ITERS)
+    if unknown:
+        parser.error(f"no workload {', '.join(sorted(unknown))}: choose from {', '.join(ITERS)}")
+    if opts.measure:
+        measure(opts.measure)
+        return
+    for tool in ("valgrind", "callgrind_annotate"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} not found: install valgrind (apt install valgrind)")
+    for workload in opts.workloads or ITERS:
+        count(workload)
+
+
+if __name__ == "__main__":
+    main()
