@@ -82,3 +82,19 @@ def test_bytes_read_follow_a_tensor_rebound_or_resized_after_its_kernel():
     into = {(f.producer.op, f.bytes) for f in prof.trace.flows
             if f.consumer.op == "aten::relu"}
     assert into == {("aten::zeros", 1024), ("aten::resize_", 256)}
+
+
+def test_tensors_inside_list_arguments_are_inputs_and_int_lists_are_not():
+    """cat reads a Tensor[]; index a Tensor?[] whose first entry is None; a view's sizes are
+    an int[]: each op's edges come from the ops that made the tensors it read."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        x = torch.ones(4, 4, device="cuda")  # 64 bytes
+        a, b = torch.mm(x, x), torch.mm(x, x)
+        torch.cat([a, b])
+        rows = torch.arange(2, device="cuda")  # 16 bytes
+        a[:, rows]
+        a.view([16])
+    into = {(f.producer.op, f.consumer.op): (f.calls, f.bytes) for f in prof.trace.flows
+            if f.consumer.op in ("aten::cat", "aten::index", "aten::view")}
+    assert into == {("aten::mm", "aten::cat"): (2, 128), ("aten::mm", "aten::index"): (1, 64),
+                    ("aten::arange", "aten::index"): (1, 16), ("aten::mm", "aten::view"): (1, 64)}
