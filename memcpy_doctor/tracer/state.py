@@ -190,8 +190,10 @@ class TraceState:
                         for a in args:
                             if isinstance(a, Tensor):
                                 ins.append(a)
-                            elif a.__class__ is list or a.__class__ is tuple:  # Tensor[]
-                                ins.extend(b for b in a if isinstance(b, Tensor))
+                            elif (a.__class__ is list or a.__class__ is tuple) and a and (
+                                    a[0].__class__ is not int):  # Tensor[] or Tensor?[]
+                                # (not int[]: a view's or a sum's sizes, most lists here)
+                                ins += [b for b in a if isinstance(b, Tensor)]
                         break
                 else:
                     ins = args
