@@ -127,3 +127,42 @@ def test_ops_inside_a_torch_python_call_that_runs_user_code_again():
     assert grad_line in _sites(trace, "aten::expand")  # sum's backward, in the engine
     assert _sites(trace, "aten::rot90") == {_line_of("hook-in-grad", _grad_program)}
     assert _sites(trace, "aten::flip") == {_line_of("after-both", _grad_program)}
+
+
+def _layers_program(layer):
+    x = torch.randn(2, 4)
+    a = layer(x)  # first-call
+    with torch.no_grad():  # torch's code switches grad off: a call into C++ with no op
+        b = layer(a)  # second-call
+    return layer(b)  # third-call
+
+
+def test_each_call_into_cpp_from_torch_code_is_at_its_own_line():
+    """nn.Linear calls F.linear (C++) from torch's code: the ops of each call are at the
+    user line that led to that call, found once per call, and no call's site outlives it."""
+    layer = torch.nn.Linear(4, 4)
+    with memcpy_doctor.profiler(device="sim") as prof:
+        _layers_program(layer)
+    addmm = [o for o in prof.trace.ops if o.op == "aten::addmm"]
+    assert sorted((o.site.line, o.calls) for o in addmm) == [
+        (_line_of(marker, _layers_program), 1)
+        for marker in ("first-call", "second-call", "third-call")]
+
+
+def test_a_call_into_cpp_from_torch_code_keeps_no_frame_alive(tmp_path):
+    """The tracer holds the frame that called into C++ only while the call runs: once the
+    caller returns, its locals are freed."""
+    import os
+    import weakref
+
+    torch_file = os.path.join(os.path.dirname(torch.__file__), "memcpy_doctor_test_frame.py")
+    code = compile("def caller(t):\n"
+                   "    kept = t * 2\n"
+                   "    torch._C._set_grad_enabled(True)\n"
+                   "    torch.relu(kept)\n"
+                   "    return weakref.ref(kept)\n", torch_file, "exec")
+    namespace = {"torch": torch, "weakref": weakref}
+    exec(code, namespace)  # a function the tracer takes for torch's own code
+    with memcpy_doctor.profiler(device="sim"):
+        ref = namespace["caller"](torch.ones(3))
+        assert ref() is None

@@ -21,7 +21,7 @@ from .._torch_private import (TorchDispatchMode, TorchFunctionMode, default_devi
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim import printed_bytes
 from .sites import UNSET
-from .state import _NO_KWARGS, TraceState
+from .state import _NO_KWARGS, UNRESOLVED, TraceState
 
 
 class DispatchMode(TorchDispatchMode):
@@ -130,13 +130,25 @@ class FunctionMode(TorchFunctionMode):
                 caller = _getframe(1)  # SiteResolver.resolve_from, its first step inlined:
                 entry = codes.get(id(caller.f_code))  # the caller is most often user code
                 site = entry.get(caller.f_lasti) if entry else None
-                state.call_site = site if site is not None else resolve_from(caller)
-                del caller
                 state.call_args = (args, kwargs)
+                if site is not None:
+                    state.call_site = site
+                    del caller
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        state.call_args, state.call_site = prev_call, prev_site
+                # called from torch's own code (or from a line not seen yet): the first op
+                # inside the call, if any, walks from the caller (most such calls run none:
+                # `p.grad = None`, torch.no_grad()'s switch)
+                prev_frame = state.call_frame
+                state.call_site, state.call_frame = UNRESOLVED, caller
+                del caller
                 try:
                     return func(*args, **kwargs)
                 finally:
                     state.call_args, state.call_site = prev_call, prev_site
+                    state.call_frame = prev_frame
             if kind == _PLAIN:  # a Python function: its ops find their own sites
                 return plain(func, args, kwargs)
             if sim and kind == _DATA_FACTORY and default_device_type() == "cuda":

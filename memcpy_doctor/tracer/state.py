@@ -101,6 +101,9 @@ class TraceState:
         #: the user call site of the Python-level call now running, when the function mode
         #: knows every op inside it has that site (see FunctionMode); else UNRESOLVED
         self.call_site: Any = UNRESOLVED
+        #: when call_site is UNRESOLVED inside such a call made from torch's own code: the
+        #: frame that made it, for the call's first op to find the site from (see FunctionMode)
+        self.call_frame: Any = None
         #: the user call site of the Tensor.backward() call now running, if any: the site of
         #: every op the autograd engine runs for it without Python code in between
         self.backward_site: Any = UNRESOLVED
@@ -119,6 +122,7 @@ class TraceState:
         other.suspended = False
         other.trigger = other.forced = other.call_args = None
         other.call_site = other.backward_site = UNRESOLVED
+        other.call_frame = None
         other.last_exit = perf_counter_ns()
         return other
 
@@ -235,12 +239,16 @@ class TraceState:
 
                 site = state.call_site  # set by the function mode for a call into C++
                 if site is UNRESOLVED:
-                    caller = _getframe(1)  # the Python frame below the C++ that ran this op
-                    if (caller is not None and caller.f_code is ENGINE_RUN_BACKWARD
-                            and state.backward_site is not UNRESOLVED):
-                        site = state.backward_site  # from the autograd engine: no user code
-                    else:  # (a hook or custom Function would be the caller) between the two
-                        site = resolve_from(caller)
+                    caller = state.call_frame  # the caller of such a call in torch's code:
+                    if caller is not None:  # the call's site, found by its first op
+                        site = state.call_site = resolve_from(caller)
+                    else:
+                        caller = _getframe(1)  # the Python frame below the C++ of this op
+                        if (caller is not None and caller.f_code is ENGINE_RUN_BACKWARD
+                                and state.backward_site is not UNRESOLVED):
+                            site = state.backward_site  # from the autograd engine
+                        else:  # (a hook or custom Function would be the caller between)
+                            site = resolve_from(caller)
                     del caller  # a frame holds the program's locals: never keep it
 
                 if timer is not None and (any_dev or (
