@@ -14,7 +14,8 @@ import tabulate
 
 from helpers import PROJECT_DIR, make_copies, make_trace
 from memcpy_doctor.defaults import REPORT_SYNC_SITES, SORT_KEYS
-from memcpy_doctor.render.text import format_ref, format_site, render_text, short_path
+from memcpy_doctor.render.text import (format_ref, format_site, plain_table, render_text,
+                                       short_path)
 from memcpy_doctor.trace import CopyRecord, OpRef, Site
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -264,3 +265,15 @@ def test_render_does_not_modify_the_trace():
     trace = make_trace()
     render_text(trace, sort="calls", cwd=PROJECT_DIR)
     assert trace == make_trace()
+
+
+@pytest.mark.parametrize("rows", [
+    [],
+    [["aten::mm", "3", "0.5"]],
+    [["a", "12345678901", "x"], [" padded ", "", "a longer cell than its header"]],
+    [["GpuMemcpySync:GPU->CPU", "1", "/a path/with spaces.py:12"], ["b", "22", ""]],
+])
+def test_plain_table_lays_columns_out_as_tabulate_plain_does(rows):
+    headers = ["Event", "Calls", "Where"]
+    assert plain_table(rows, headers) == tabulate.tabulate(
+        rows, headers=headers, tablefmt="plain", disable_numparse=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
 from ..defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..paths import short_path
 from ..trace import CopyRecord, EventRow, OpRef, Site, Trace
@@ -35,6 +33,20 @@ def format_ref(ref: OpRef | None, cwd: str | None = None) -> str:
     return f"{ref.op} [{ref.device}] at {format_site(ref.site, cwd)}"
 
 
+def plain_table(rows: list[list[str]], headers: list[str]) -> str:
+    """Columns of text in tabulate's "plain" layout: left-aligned, two spaces apart, each at
+    least two wider than its header, no trailing spaces; a character is one column wide
+    (tests/test_render_text.py holds it to tabulate's output). Built here rather than by
+    tabulate, which checks the type of every cell: the report is drawn at the end of every
+    run, and tabulate took 1.4 ms of the 1.7 ms that the end of a run of the transformer
+    benchmark cost (the trace built, then the report; docs/benchmarks.md).
+    """
+    rows = [[cell.strip() for cell in row] for row in rows]
+    widths = [max([len(h) + 2] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                     for row in (headers, *rows))
+
+
 def _sort_key(sort: str):
     return {
         "calls": lambda e: e.calls,
@@ -58,7 +70,7 @@ def _event_table(events: list[EventRow], total_ns: int, sort: str) -> str:
         ])
     headers = ["Event", "Calls", "Total", "CPU Time (Ratio)", "GPU Time (Ratio)", "Min.",
                "Max.", "Ave.", "Ratio."]
-    return tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+    return plain_table(rows, headers)
 
 
 def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
@@ -74,9 +86,8 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
             f"{c.direction} {c.trigger}", where, str(c.calls), str(c.bytes),
             _ms(c.time_ns), f"{format_ref(c.producer, cwd)} -> {format_ref(c.consumer, cwd)}",
         ])
-    table = tabulate(rows, headers=["Copy", "Site", "Calls", "Bytes", "Total",
-                                    "Producer -> Consumer"],
-                     tablefmt="plain", disable_numparse=True)
+    table = plain_table(rows, ["Copy", "Site", "Calls", "Bytes", "Total",
+                               "Producer -> Consumer"])
     if len(sync) > REPORT_SYNC_SITES:
         table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"
     return table
