@@ -46,6 +46,17 @@ class EventAgg:
             self.max_ns = total
 
 
+class Flow:
+    """An edge of the op graph being filled: how often an op read what another op made, and
+    how many bytes (attributes rather than a list: the per-op path adds to them per input)."""
+
+    __slots__ = ("reads", "bytes")
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.bytes = 0
+
+
 #: OpAgg.min_ns before the first call.
 NO_CALL_YET = 1 << 62
 
@@ -55,8 +66,7 @@ class OpAgg:
 
     The per-op path (TraceState.dispatcher) updates the counters in place; the Event
     Summary row of the op is folded from its OpAggs at the end. `flows_in` holds, by the
-    producing OpAgg (hashed by identity), [reads, bytes read]: the op graph's edges into
-    this op. A host op's calls land in `times` first (see `fold`).
+    producing OpAgg (hashed by identity), a Flow: the op graph's edges into this op. A host op's calls land in `times` first (see `fold`).
     """
 
     __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",
@@ -77,7 +87,7 @@ class OpAgg:
         self.bytes = 0
         self.min_ns = NO_CALL_YET  # above any call's time: the per-op path compares once
         self.max_ns = 0
-        self.flows_in: dict[OpAgg, list[int]] = {}
+        self.flows_in: dict[OpAgg, Flow] = {}
         #: host times (ns) of calls without device time, not yet in the counters
         self.times: list[int] = []
 
@@ -405,8 +415,8 @@ class Collector:
                 for a in self.ops.values() if a.calls]
 
     def flow_records(self) -> list[FlowRecord]:
-        return [FlowRecord(p.ref, c.ref, calls, nbytes)
-                for c in self.ops.values() for p, (calls, nbytes) in c.flows_in.items()]
+        return [FlowRecord(p.ref, c.ref, f.reads, f.bytes)
+                for c in self.ops.values() for p, f in c.flows_in.items()]
 
     def copy_records(self) -> list[CopyRecord]:
         out = []

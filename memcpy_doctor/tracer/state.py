@@ -18,7 +18,7 @@ import torch
 
 from .._torch_private import ENGINE_RUN_BACKWARD, set_eval_frame
 from ..analysis.costmodel import DeviceProfile, Timeline
-from .collector import Collector, OpAgg, TensorRef
+from .collector import Collector, Flow, OpAgg, TensorRef
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
 from .sim import NO_STORAGE
@@ -315,9 +315,9 @@ class TraceState:
                                 read = t.nbytes
                             edge = flows_in.get(made_by)
                             if edge is None:
-                                edge = flows_in[made_by] = [0, 0]
-                            edge[0] += 1
-                            edge[1] += read
+                                edge = flows_in[made_by] = Flow()
+                            edge.reads += 1
+                            edge.bytes += read
                             nbytes += read
                         elif kernel:
                             nbytes += t.nbytes
