@@ -125,14 +125,15 @@ class SiteResolver:
         that of the innermost boundary call if it comes first."""
         codes = self.codes
         while frame is not None:
-            code = frame.f_code
-            entry = codes.get(id(code))
-            if entry is None:
-                entry = self.classify(code)
-            if entry is not False:
-                if entry is not BOUNDARY:
-                    site = entry.get(frame.f_lasti)
-                    return site if site is not None else self.new_site(frame, entry)
+            entry = codes.get(id(frame.f_code))
+            if entry is False:  # torch's or this package's code, the commonest: climb
+                frame = frame.f_back
+            elif entry is None:
+                self.classify(frame.f_code)  # then this frame is looked at again
+            elif entry is not BOUNDARY:
+                site = entry.get(frame.f_lasti)
+                return site if site is not None else self.new_site(frame, entry)
+            else:
                 for call in reversed(self.calls):  # innermost first: most often the last
                     if call[0] is frame:
                         site = call[1]
@@ -140,7 +141,7 @@ class SiteResolver:
                             site = call[1] = self.resolve_from(frame.f_back)
                         return site
                 # a boundary frame not entered through this resolver: climb past it
-            frame = frame.f_back
+                frame = frame.f_back
         return None
 
     def stack_at(self, site: Site | None) -> list[Site]:
