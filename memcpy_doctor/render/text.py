@@ -59,7 +59,8 @@ def _sort_key(sort: str):
 
 def _event_table(events: list[EventRow], total_ns: int, sort: str) -> str:
     rows = []
-    for e in sorted(events, key=lambda e: (-_sort_key(sort)(e), e.name)):
+    figure = _sort_key(sort)
+    for e in sorted(events, key=lambda e: (-figure(e), e.name)):
         tot = e.total_ns
         rows.append([
             e.name, str(e.calls), _ms(tot),
