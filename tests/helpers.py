@@ -33,6 +33,7 @@ is computed from ``events`` and ``copies`` exactly as ``summarize`` does.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Any
 
 from memcpy_doctor.analysis.summary import summarize
@@ -149,3 +150,11 @@ def make_trace(**overrides: Any) -> Trace:
         copies=copies,
         waits=make_waits() if waits is None else waits,
     )
+
+
+def signals_as_default() -> None:
+    """`preexec_fn` for a child process a test sends signals to: SIGINT, SIGTERM and SIGHUP get
+    their default actions back. A test run from a shell's background job inherits SIGINT
+    ignored (and Python then never raises KeyboardInterrupt), one under nohup SIGHUP."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import memcpy_doctor
+from helpers import signals_as_default
 from memcpy_doctor import load_trace, render_text
 
 TIMEOUT = 120
@@ -355,7 +356,8 @@ def test_ctrl_c_ends_with_130_and_writes_the_trace(tmp_path):
     """)
     proc = subprocess.Popen(
         [sys.executable, "-m", "memcpy_doctor", "profile", "--device", "sim", "-o", "trace.json",
-         "s.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "s.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=signals_as_default)
     try:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import signals_as_default
 from memcpy_doctor.runner import RunResult, run_script
 from memcpy_doctor.trace import load_trace
 from memcpy_doctor.tracer import Tracer
@@ -58,7 +59,7 @@ def start(tmp_path: Path, source: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "memcpy_doctor", "profile", "--device", "sim", "-o",
          "trace.json", "s.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=signals_as_default)
 
 
 def signal_when_ready(proc: subprocess.Popen, sig: int) -> tuple[str, str, str]:
