@@ -149,7 +149,7 @@ def test_each_call_into_cpp_from_torch_code_is_at_its_own_line():
         for marker in ("first-call", "second-call", "third-call")]
 
 
-def test_a_call_into_cpp_from_torch_code_keeps_no_frame_alive(tmp_path):
+def test_a_call_into_cpp_from_torch_code_keeps_no_frame_alive():
     """The tracer holds the frame that called into C++ only while the call runs: once the
     caller returns, its locals are freed."""
     import os

@@ -66,7 +66,8 @@ class OpAgg:
 
     The per-op path (TraceState.dispatcher) updates the counters in place; the Event
     Summary row of the op is folded from its OpAggs at the end. `flows_in` holds, by the
-    producing OpAgg (hashed by identity), a Flow: the op graph's edges into this op. A host op's calls land in `times` first (see `fold`).
+    producing OpAgg (hashed by identity), a Flow: the op graph's edges into this op. A host
+    op's calls land in `times` first (see `fold`).
     """
 
     __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",

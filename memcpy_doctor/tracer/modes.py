@@ -131,18 +131,13 @@ class FunctionMode(TorchFunctionMode):
                 entry = codes.get(id(caller.f_code))  # the caller is most often user code
                 site = entry.get(caller.f_lasti) if entry else None
                 state.call_args = (args, kwargs)
+                prev_frame = state.call_frame
                 if site is not None:
                     state.call_site = site
-                    del caller
-                    try:
-                        return func(*args, **kwargs)
-                    finally:
-                        state.call_args, state.call_site = prev_call, prev_site
-                # called from torch's own code (or from a line not seen yet): the first op
-                # inside the call, if any, walks from the caller (most such calls run none:
-                # `p.grad = None`, torch.no_grad()'s switch)
-                prev_frame = state.call_frame
-                state.call_site, state.call_frame = UNRESOLVED, caller
+                else:  # called from torch's own code (or from a line not seen yet): the
+                    # first op inside the call, if any, walks from the caller (most such calls
+                    # run none: `p.grad = None`, torch.no_grad()'s switch)
+                    state.call_site, state.call_frame = UNRESOLVED, caller
                 del caller
                 try:
                     return func(*args, **kwargs)
