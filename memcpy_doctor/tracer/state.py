@@ -184,9 +184,8 @@ class TraceState:
                 if _has_torch_function(args):
                     disabled = _DisableTorchFunction()
                     disabled.__enter__()
-                now = perf_counter_ns()
-                if timeline is not None and now > state.last_exit:  # the program's own time
-                    timeline.host_ns += now - state.last_exit
+                if timeline is not None:  # the program's own time since the tracer returned
+                    timeline.host_ns += perf_counter_ns() - state.last_exit
                 info = OP_INFO.get(id(func)) or op_info(func)
                 for a in args:  # the tensor inputs: most often all the arguments
                     if not isinstance(a, Tensor):
@@ -290,7 +289,7 @@ class TraceState:
                     device = "cpu"
 
                 sync = info.sync
-                copy_is_op = sync is not None and not info.kernel and any_dev and dev_in[0]
+                copy_is_op = any_dev and sync is not None and not info.kernel and dev_in[0]
                 if not copy_is_op:
                     key = (info.name, device, id(site), thread)
                     agg = ops.get(key)
@@ -333,14 +332,14 @@ class TraceState:
                         made = producers.get(id(o))
                         if made is None or made() is not o:
                             made = producers[id(o)] = TensorRef(o)
+                            if len(producers) > col.sweep_at:
+                                col.sweep()
                         made.value = producer
                         if kernel:
                             made.nbytes = read = o.nbytes
                             nbytes += read
                         else:
                             made.nbytes = -1
-                    if len(producers) > col.sweep_at:
-                        col.sweep()
                     if not kernel:
                         nbytes = 0
 
@@ -405,12 +404,14 @@ class TraceState:
                             state.sync_copy("DtoH", "repeat_interleave", 8, ins[0], site, 0)
                     elif info.index:
                         state._index_copies(info, args, site)
-                state.last_exit = perf_counter_ns()
+                if timeline is not None:
+                    state.last_exit = perf_counter_ns()
                 return out
             finally:
                 if disabled is not None:
                     disabled.__exit__(None, None, None)
-                set_eval_frame(prior)
+                if prior is not None:  # (torch.compile's callback; most often none is set)
+                    set_eval_frame(prior)
 
         return dispatch
 
