@@ -118,7 +118,7 @@ class FunctionMode(TorchFunctionMode):
             if kind is None:
                 kind = kind_of(func)
             if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, never a copy
-                return func(*args, **kwargs)
+                return func(*args, **kwargs) if kwargs else func(*args)
             if kind == _HANDLED:
                 return handlers[func](func, args, kwargs)
             if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
@@ -139,8 +139,8 @@ class FunctionMode(TorchFunctionMode):
                     # run none: `p.grad = None`, torch.no_grad()'s switch)
                     state.call_site, state.call_frame = UNRESOLVED, caller
                 del caller
-                try:
-                    return func(*args, **kwargs)
+                try:  # (without kwargs, the call builds no dict to unpack them into)
+                    return func(*args, **kwargs) if kwargs else func(*args)
                 finally:
                     state.call_args, state.call_site = prev_call, prev_site
                     state.call_frame = prev_frame

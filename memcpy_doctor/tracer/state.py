@@ -256,7 +256,8 @@ class TraceState:
                 else:
                     mark = None
                 t0 = perf_counter_ns()
-                out = info.call(*args, **kwargs)
+                # (without kwargs, most ops, the call builds no dict to unpack them into)
+                out = info.call(*args, **kwargs) if kwargs else info.call(*args)
                 host_ns = perf_counter_ns() - t0
                 if isinstance(out, Tensor):
                     outs = (out,)
