@@ -185,7 +185,7 @@ def overhead_table(quick: bool) -> None:
         for mode, t in results.items():
             over = (t - plain) / ops * 1e6
             ratio = (t - plain) / bare if bare > 0 else float("nan")
-            print(f"  {mode:<42}{t / ops * 1e6:9.1f}{over:16.1f}{ratio:17.1f}")
+            print(f"  {mode:<42}{t / ops * 1e6:9.1f}{over:16.1f}{ratio:17.2f}")
         print(f"  torch.profiler (stack+shapes+key_averages) / memcpy-doctor (host) overhead: "
               f"{full / md:.1f}x")
 
