@@ -57,9 +57,9 @@ class StorageMarks:
         self._on_free = self._drop  # one bound method, not one per reference
 
     def _drop(self, ref: _StorageRef) -> None:
-        key = ref.key
-        if self.refs.get(key) is ref:
-            del self.refs[key]
+        refs, key = self.refs, ref.key
+        if refs.get(key) is ref:
+            del refs[key]
             self.allocated -= ref.nbytes
 
     def has(self, storage: Any) -> bool:
@@ -69,14 +69,18 @@ class StorageMarks:
         if storage is None:
             return
         key = id(storage)
-        if key in self.refs:
-            return
+        if key not in self.refs:
+            self.add_new(storage, key)
+
+    def add_new(self, storage: Any, key: int) -> None:
+        """Mark a storage known to be unmarked, whose id is `key` (the per-op path has
+        looked it up already)."""
         ref = self.refs[key] = _StorageRef(storage, self._on_free)
         ref.key = key
         nbytes = ref.nbytes = storage.nbytes()
-        self.allocated += nbytes
-        if self.allocated > self.peak:
-            self.peak = self.allocated
+        allocated = self.allocated = self.allocated + nbytes
+        if allocated > self.peak:
+            self.peak = allocated
 
     def discard(self, storage: Any) -> None:
         if storage is None:

@@ -171,6 +171,7 @@ class TraceState:
         fold_at = OpAgg.FOLD_AT
         cuda_marks = sim.cuda_marks if sim is not None else None
         marks = cuda_marks.refs if sim is not None else None
+        mark_new = cuda_marks.add_new if sim is not None else None
 
         def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
                      kwargs: dict | None = None) -> Any:
@@ -277,8 +278,9 @@ class TraceState:
                                 storage = o.untyped_storage()
                             except NO_STORAGE:
                                 continue  # sparse, nested or storage-less tensors: unmarked
-                            if id(storage) not in marks:  # new storage (not a view, in place)
-                                cuda_marks.add(storage)
+                            key = id(storage)
+                            if key not in marks:  # a new storage (not a view, not in place)
+                                mark_new(storage, key)
                         device = "cuda:0"
                     else:
                         device = "cuda:0" if any_dev else "cpu"
