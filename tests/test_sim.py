@@ -167,6 +167,43 @@ def test_modeled_times_follow_the_profile():
     assert trace.meta.simulated and trace.meta.device == "sim"
 
 
+def test_calls_waiting_to_be_folded_reach_exact_counters():
+    """Simulated kernels' device times and a device view's host times wait in lists and are
+    folded every OpAgg.FOLD_AT calls and at the end: across the folds, the op records and the
+    Event Summary rows are exact (kernel: each call costs the host the launch; min and max
+    are launch plus the shortest and longest kernel)."""
+    from memcpy_doctor.tracer.collector import OpAgg
+
+    n_small, n_big = OpAgg.FOLD_AT + 6, 2 * OpAgg.FOLD_AT + 3
+    with memcpy_doctor.profiler(device="sim") as prof:
+        small = torch.ones(1000, device="cuda")
+        big = torch.ones(100_000, device="cuda")
+        for t in [small] * n_small + [big] * n_big:
+            t + t  # reads twice, writes once: 3 * 4 bytes an element
+            t.view(-1)
+    trace = prof.trace
+    profile = trace.meta.device_profile
+
+    def kernel_ns(n: int) -> int:
+        return profile["kernel_min_ns"] + round(3 * 4 * n / profile["memory_bandwidth"] * 1e9)
+
+    calls = n_small + n_big
+    add = next(o for o in trace.ops if o.op == "aten::add")
+    assert (add.calls, add.device) == (calls, "cuda:0")
+    assert add.host_ns == calls * profile["launch_ns"]
+    assert add.device_ns == n_small * kernel_ns(1000) + n_big * kernel_ns(100_000)
+    assert add.run_ns > 0  # what the host took to compute it, measured
+    row = next(e for e in trace.events if e.name == "aten::add")
+    assert (row.calls, row.cpu_ns, row.gpu_ns) == (calls, add.host_ns, add.device_ns)
+    assert row.min_ns == profile["launch_ns"] + kernel_ns(1000)
+    assert row.max_ns == profile["launch_ns"] + kernel_ns(100_000)
+    view = next(o for o in trace.ops if o.op == "aten::view")
+    assert (view.calls, view.device, view.device_ns) == (calls, "cuda:0", 0)
+    assert view.host_ns == view.run_ns > 0
+    row = next(e for e in trace.events if e.name == "aten::view")
+    assert row.calls == calls and 0 < row.min_ns <= row.max_ns <= view.host_ns
+
+
 def test_dataloader_workers_and_pin_memory_thread():
     """The pin-memory thread runs outside the tracer's thread-local modes; it must still pin
     (the simulated way) so the program runs as on a GPU."""

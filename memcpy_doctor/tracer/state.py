@@ -298,6 +298,7 @@ class TraceState:
                     agg = ops.get(key)
                     if agg is None:
                         agg = col.new_op(key, info.name, device, site)
+                        agg.launch_ns = launch_ns
                     kernel = info.kernel
                     flops = nbytes = 0
                     if kernel and info.flops is not None:
@@ -347,43 +348,45 @@ class TraceState:
                         nbytes = 0
 
                     device_ns = 0
-                    if device == "cpu":  # a host op: its time is folded in later (OpAgg.fold)
+                    if device == "cpu" or (sim is not None and not kernel):
+                        # the op's time is the host's (on the simulated GPU also a view's or
+                        # an allocation's): folded into its counters later (OpAgg.fold)
                         if timeline is not None:
                             timeline.host_ns += host_ns
                         times = agg.times
                         times.append(host_ns)
                         if len(times) >= fold_at:
                             agg.fold()
-                    else:
+                    elif sim is not None:  # simulated kernel: modeled; the host pays the launch
                         agg.run_ns += host_ns  # what the host computed the op in
-                        if sim is None:
-                            if mark is not None:
-                                timer.end(mark, agg, host_ns)
-                        elif kernel:  # simulated kernel: modeled; the host pays the launch
-                            if flops:
-                                ref = outs[0] if outs else ins[0]
-                                device_ns = profile.kernel_ns(
-                                    flops, nbytes, DTYPE_CLASS.get(ref.dtype, "other"))
-                            else:  # DeviceProfile.kernel_ns without FLOPs: bytes/bandwidth
-                                device_ns = kernel_min_ns + round(nbytes / bandwidth * 1e9)
-                            # Timeline.enqueue, inlined: the host pays the launch, the device
-                            # runs the kernel when it is free
-                            host_ns = launch_ns
-                            timeline.host_ns += host_ns
-                            start = timeline.host_ns
-                            if timeline.device_ns > start:
-                                start = timeline.device_ns
-                            timeline.device_ns = start + device_ns
-                            agg.device_ns += device_ns
-                        else:
-                            timeline.host_ns += host_ns
+                        if flops:
+                            ref = outs[0] if outs else ins[0]
+                            device_ns = profile.kernel_ns(
+                                flops, nbytes, DTYPE_CLASS.get(ref.dtype, "other"))
+                        else:  # DeviceProfile.kernel_ns without FLOPs: bytes/bandwidth
+                            device_ns = kernel_min_ns + round(nbytes / bandwidth * 1e9)
+                        # Timeline.enqueue, inlined: the host pays the launch, the device
+                        # runs the kernel when it is free
+                        host_ns = launch_ns
+                        timeline.host_ns += host_ns
+                        start = timeline.host_ns
+                        if timeline.device_ns > start:
+                            start = timeline.device_ns
+                        timeline.device_ns = start + device_ns
+                        kernels = agg.kernel_times  # folded later, as `times`
+                        kernels.append(device_ns)
+                        if len(kernels) >= fold_at:
+                            agg.fold()
+                    else:  # an op on a real GPU: its device time is added when measured
+                        agg.run_ns += host_ns
+                        if mark is not None:
+                            timer.end(mark, agg, host_ns)
                         agg.calls += 1
                         agg.host_ns += host_ns
-                        total = host_ns + device_ns
-                        if total < agg.min_ns:
-                            agg.min_ns = total
-                        if total > agg.max_ns:
-                            agg.max_ns = total
+                        if host_ns < agg.min_ns:
+                            agg.min_ns = host_ns
+                        if host_ns > agg.max_ns:
+                            agg.max_ns = host_ns
                     if flops:
                         agg.flops += flops
                     if nbytes:
