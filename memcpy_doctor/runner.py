@@ -236,7 +236,10 @@ def _signal_hook(tracer: Tracer, on_hard_exit: Callable[[RunResult], None] | Non
         status = EXIT_SIGNAL_BASE + signum
         name = signal.Signals(signum).name
         try:
-            trace = tracer.stop()
+            # (after SIGNAL_DEFER_MAX_S this may run inside the tracer's own code: a busy
+            # loop of small ops spends most of its time there, and Python runs handlers
+            # mostly on entering a function, so on entering the tracer's)
+            trace = tracer.stop(abandon_modes=True)
             _set_meta(trace, status, name, rank)
             on_hard_exit(RunResult(trace, status, name))
         finally:

@@ -98,6 +98,42 @@ def test_a_signal_writes_the_trace_and_the_process_dies_of_it(tmp_path, name):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py", "trace.json"]  # no temp
 
 
+#: A copy listener runs inside the tracer's handling of the op that copies (where torch has
+#: taken the tracer's modes off its stack); it signals the process and keeps Python busy there
+#: past SIGNAL_DEFER_MAX_S, so the handler acts where it lands: inside the tracer.
+STUCK_IN_TRACER = """
+    import os, signal, time
+    import torch
+    from memcpy_doctor.tracer import active_tracer
+
+    def on_copy(event):
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+        print("not cut short", flush=True)
+
+    active_tracer().add_copy_listener(on_copy)
+    torch.ones(8, device="cuda").sum().item()
+"""
+
+
+def test_a_signal_acted_on_inside_the_tracer_still_writes_the_trace(tmp_path):
+    proc = start(tmp_path, STUCK_IN_TRACER)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM and out == ""
+    assert "Run cut short: SIGTERM (exit status 143)" in err and "Traceback" not in err
+    trace = load_trace(tmp_path / "trace.json")
+    assert (trace.meta.ended_by, trace.meta.exit_status) == ("SIGTERM", 143)
+    assert [e.name for e in trace.events if e.name.startswith("aten::")] == ["aten::ones",
+                                                                          "aten::sum"]
+
+
 def test_a_scripts_own_handler_keeps_working(tmp_path):
     proc = start(tmp_path, OWN_HANDLER)
     first, out, err = signal_when_ready(proc, signal.SIGTERM)

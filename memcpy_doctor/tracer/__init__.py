@@ -185,8 +185,14 @@ class Tracer:
             return lambda: (timeline.host_ns, timeline.device_ns)
         return lambda: (perf_counter_ns() - self._start_ns, None)
 
-    def stop(self) -> Trace:
-        """Stop tracing (modes and patches undone) and build the trace."""
+    def stop(self, *, abandon_modes: bool = False) -> Trace:
+        """Stop tracing (modes and patches undone) and build the trace.
+
+        `abandon_modes`: for a process about to end, stopped from a signal handler that may
+        have interrupted the tracer's own handling of a call or op. Torch takes a mode off its
+        stack while the mode's handler runs, so taking ours off fails there; the trace is
+        built all the same (the rest is undone), rather than lost.
+        """
         if self._stack is None:
             if self.trace is None:
                 raise RuntimeError("the tracer was never started")
@@ -198,7 +204,11 @@ class Tracer:
         stack, self._stack = self._stack, None
         for sibling in self._siblings:  # threads still running: their ops are not recorded
             sibling.suspended = True
-        stack.close()
+        try:
+            stack.close()
+        except RuntimeError:  # "trying to pop from empty mode stack", with every exit run
+            if not abandon_modes:
+                raise
         if state.timer is not None:
             state.timer.finish()
         state.collector.finish()
