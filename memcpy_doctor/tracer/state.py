@@ -278,9 +278,9 @@ class TraceState:
                                 storage = o.untyped_storage()
                             except NO_STORAGE:
                                 continue  # sparse, nested or storage-less tensors: unmarked
-                            key = id(storage)
-                            if key not in marks:  # a new storage (not a view, not in place)
-                                mark_new(storage, key)
+                            storage_id = id(storage)
+                            if storage_id not in marks:  # new storage (not a view, in place)
+                                mark_new(storage, storage_id)
                         device = "cuda:0"
                     else:
                         device = "cuda:0" if any_dev else "cpu"
