@@ -348,16 +348,19 @@ class TraceState:
                         nbytes = 0
 
                     device_ns = 0
-                    if device == "cpu" or (sim is not None and not kernel):
-                        # the op's time is the host's (on the simulated GPU also a view's or
-                        # an allocation's): folded into its counters later (OpAgg.fold)
+                    if device == "cpu" or sim is None or not kernel:
+                        # the op's time is the host's (on a real GPU its device time is added
+                        # when measured; on the simulated one a view or an allocation has
+                        # none): folded into its counters later (OpAgg.fold)
                         if timeline is not None:
                             timeline.host_ns += host_ns
+                        elif mark is not None:
+                            timer.end(mark, agg, host_ns)
                         times = agg.times
                         times.append(host_ns)
                         if len(times) >= fold_at:
                             agg.fold()
-                    elif sim is not None:  # simulated kernel: modeled; the host pays the launch
+                    else:  # simulated kernel: modeled; the host pays the launch
                         agg.run_ns += host_ns  # what the host computed the op in
                         if flops:
                             ref = outs[0] if outs else ins[0]
@@ -377,16 +380,6 @@ class TraceState:
                         kernels.append(device_ns)
                         if len(kernels) >= fold_at:
                             agg.fold()
-                    else:  # an op on a real GPU: its device time is added when measured
-                        agg.run_ns += host_ns
-                        if mark is not None:
-                            timer.end(mark, agg, host_ns)
-                        agg.calls += 1
-                        agg.host_ns += host_ns
-                        if host_ns < agg.min_ns:
-                            agg.min_ns = host_ns
-                        if host_ns > agg.max_ns:
-                            agg.max_ns = host_ns
                     if flops:
                         agg.flops += flops
                     if nbytes:
