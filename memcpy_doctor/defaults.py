@@ -26,7 +26,8 @@ DEFAULT_TRANSFER_LOG = 0
 CHROME_EVENTS = 200_000
 
 #: The tracer's table of which op made each live tensor is swept of freed tensors' entries
-#: once it holds twice as many entries as after the last sweep, and never below this size.
+#: once it holds twice as many entries as after the last sweep, and never below this size
+#: (the Python version of the table; the compiled one sweeps whenever it fills, from 64).
 PRODUCER_SWEEP_MIN = 4096
 #: A host op's call times are kept as a list and folded into its totals (count, sum, min,
 #: max, by the C built-ins) when the list reaches this length, and at the end: a list append

@@ -1,10 +1,9 @@
 """Aggregation as the program runs: per op and site, per copy path, per wait site.
 
-Nothing here holds a user tensor. Producers are keyed by the tensor's id with a weak reference
-that tells a live entry from the stale entry of a freed tensor whose id was reused; stale
-entries are swept when the table has doubled, so it stays within twice the live tensors
-without a callback on every free. Copies awaiting their consumer are rare and keep a callback,
-which finishes the copy when its destination is freed unread.
+Nothing here holds a user tensor. Which op made each live tensor is in a ProducerTable
+(tracer/producers.py: weak references, stale entries swept as it fills, no callback on every
+free). Copies awaiting their consumer are rare and keep a callback, which finishes the copy
+when its destination is freed unread.
 """
 
 from __future__ import annotations
@@ -15,10 +14,11 @@ from typing import Callable
 
 import torch
 
-from ..defaults import OP_TIMES_FOLD_AT, PRODUCER_SWEEP_MIN
-from .chrome import ChromeLog
+from ..defaults import OP_TIMES_FOLD_AT
 from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
                      TransferRecord, WaitRecord)
+from .chrome import ChromeLog
+from .producers import ProducerTable
 
 
 class EventAgg:
@@ -46,17 +46,6 @@ class EventAgg:
             self.max_ns = total
 
 
-class Flow:
-    """An edge of the op graph being filled: how often an op read what another op made, and
-    how many bytes (attributes rather than a list: the per-op path adds to them per input)."""
-
-    __slots__ = ("reads", "bytes")
-
-    def __init__(self) -> None:
-        self.reads = 0
-        self.bytes = 0
-
-
 #: OpAgg.min_ns before the first call.
 NO_CALL_YET = 1 << 62
 
@@ -66,7 +55,8 @@ class OpAgg:
 
     The per-op path (TraceState.dispatcher) updates the counters in place; the Event
     Summary row of the op is folded from its OpAggs at the end. `flows_in` holds, by the
-    producing OpAgg (hashed by identity), a Flow: the op graph's edges into this op. A call
+    producing OpAgg (hashed by identity), the op graph's edges into this op: [reads, bytes]
+    (filled by ProducerTable.read). A call
     whose time is the host's lands in `times` first, a simulated kernel's device time in
     `kernel_times` (see `fold`): appending is cheaper than updating five counters per call.
     """
@@ -89,7 +79,7 @@ class OpAgg:
         self.bytes = 0
         self.min_ns = NO_CALL_YET  # above any call's time: the per-op path compares once
         self.max_ns = 0
-        self.flows_in: dict[OpAgg, Flow] = {}
+        self.flows_in: dict[OpAgg, list[int]] = {}
         #: host times (ns) of calls without device time, not yet in the counters
         self.times: list[int] = []
         #: modeled device times (ns) of simulated kernels, not yet in the counters; each
@@ -127,14 +117,6 @@ class OpAgg:
         """Device time measured after the call (real GPU): lands on the op and its row."""
         self.device_ns += ns
         self._span(host_ns + ns, host_ns + ns)
-
-
-class TensorRef(weakref.ref):
-    """A weak reference to a tensor, carrying what the tracer knows about it: `value`, and
-    `nbytes`, its size when the op that made it last was a kernel (-1: not known; only an op
-    with the tensor as its output, or a rebind, changes a tensor's size)."""
-
-    __slots__ = ("value", "nbytes")
 
 
 class CopyAgg:
@@ -218,9 +200,8 @@ class Collector:
         self.waits: dict[tuple[str, Site | None, str | None], list[int]] = {}
         self.transfers: list[TransferRecord] = []
         self.transfers_dropped = 0
-        #: id(tensor) -> TensorRef whose value is the OpAgg that made the tensor's data
-        self.producers: dict[int, TensorRef] = {}
-        self.sweep_at = PRODUCER_SWEEP_MIN
+        #: live tensor -> the OpAgg that made its data (and its size, when known)
+        self.producers = ProducerTable()
         #: id(tensor) -> (weak reference, the copy into it awaiting its first reader)
         self.pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
 
@@ -244,37 +225,15 @@ class Collector:
 
     # ----- producers -----
     def set_producer(self, t: torch.Tensor, agg: OpAgg) -> None:
-        key = id(t)
-        entry = self.producers.get(key)
-        if entry is not None and entry() is t:
-            entry.value = agg
-            entry.nbytes = -1
-            return
-        entry = self.producers[key] = TensorRef(t)
-        entry.value = agg
-        entry.nbytes = -1
-        if len(self.producers) > self.sweep_at:
-            self.sweep()
-
-    def sweep(self) -> None:
-        """Forget the entries of freed tensors (in place: the per-op path holds the table)."""
-        producers = self.producers
-        for k in [k for k, r in producers.items() if r() is None]:
-            del producers[k]
-        self.sweep_at = max(PRODUCER_SWEEP_MIN, 2 * len(producers))
+        self.producers.write((t,), agg, False)
 
     def producer_agg(self, t: torch.Tensor) -> OpAgg | None:
-        entry = self.producers.get(id(t))
-        if entry is not None and entry() is t:
-            return entry.value
-        return None
+        return self.producers.get(t)
 
     def producer_of(self, t: torch.Tensor) -> OpRef | None:
         """The op that made t's data, as copies name it."""
-        entry = self.producers.get(id(t))
-        if entry is not None and entry() is t:
-            return entry.value.ref
-        return None
+        agg = self.producers.get(t)
+        return agg.ref if agg is not None else None
 
     def inherit_producer(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """dst holds src's data (a copy of it, or src itself rebound)."""
@@ -428,8 +387,8 @@ class Collector:
                 for a in self.ops.values() if a.calls]
 
     def flow_records(self) -> list[FlowRecord]:
-        return [FlowRecord(p.ref, c.ref, f.reads, f.bytes)
-                for c in self.ops.values() for p, f in c.flows_in.items()]
+        return [FlowRecord(p.ref, c.ref, reads, nbytes)
+                for c in self.ops.values() for p, (reads, nbytes) in c.flows_in.items()]
 
     def copy_records(self) -> list[CopyRecord]:
         out = []

@@ -18,7 +18,7 @@ import torch
 
 from .._torch_private import ENGINE_RUN_BACKWARD, set_eval_frame
 from ..analysis.costmodel import DeviceProfile, Timeline
-from .collector import Collector, Flow, OpAgg, TensorRef
+from .collector import Collector, OpAgg
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
 from .sim import NO_STORAGE
@@ -300,51 +300,27 @@ class TraceState:
                         agg = col.new_op(key, info.name, device, site)
                         agg.launch_ns = launch_ns
                     kernel = info.kernel
-                    flops = nbytes = 0
+                    flops = 0
                     if kernel and info.flops is not None:
                         try:
                             flops = info.flops(args, kwargs, outs)
                         except Exception:  # a formula that does not fit these arguments
                             flops = 0
                     # the inputs: bytes read, and the op graph's edges from the ops that
-                    # made them (a TensorRef knows its tensor's size when its op was a kernel)
-                    flows_in = agg.flows_in
-                    for t in ins:
-                        made = producers.get(id(t))
-                        if made is not None and made() is t:
-                            made_by = made.value
-                            read = made.nbytes
-                            if read < 0:
-                                read = t.nbytes
-                            edge = flows_in.get(made_by)
-                            if edge is None:
-                                edge = flows_in[made_by] = Flow()
-                            edge.reads += 1
-                            edge.bytes += read
-                            nbytes += read
-                        elif kernel:
-                            nbytes += t.nbytes
+                    # made them
+                    nbytes = producers.read(ins, agg.flows_in, kernel)
                     if pending:  # copies awaiting their first reader: is it this op?
                         for t in ins:
                             col.consume(t, agg.ref)
-                    # the outputs: made by this op (Collector.set_producer, inlined), or by
-                    # the op that made the input an op hands back unchanged
+                    # the outputs: made by this op, or by the op that made the input an op
+                    # hands back unchanged; a kernel's outputs are bytes it wrote
                     producer = agg
                     if info.pass_through and ins:
-                        producer = col.producer_agg(ins[0]) or agg
-                    for o in outs:
-                        made = producers.get(id(o))
-                        if made is None or made() is not o:
-                            made = producers[id(o)] = TensorRef(o)
-                            if len(producers) > col.sweep_at:
-                                col.sweep()
-                        made.value = producer
-                        if kernel:
-                            made.nbytes = read = o.nbytes
-                            nbytes += read
-                        else:
-                            made.nbytes = -1
-                    if not kernel:
+                        producer = producers.get(ins[0]) or agg
+                    if kernel:
+                        nbytes += producers.write(outs, producer, True)
+                    else:
+                        producers.write(outs, producer, False)
                         nbytes = 0
 
                     device_ns = 0
