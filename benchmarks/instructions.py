@@ -7,12 +7,13 @@ takes turns and best times to damp that); instruction counts repeat to within ab
 percent. This runs each workload of benchmarks/run.py under valgrind's callgrind (which must
 be installed: `apt install valgrind`), plain, under the bare forwarding dispatch mode and
 under memcpy-doctor (host tensors, and the simulated GPU, each end to end: tracing, then the
-trace and its report), and prints each mode's instructions per aten op beyond the plain run
-and the ratio to the bare mode's. Instructions are not time (a cache miss costs more than an
+trace and its report; and host tracing with the Python version of the producer table, which
+an install without a C compiler runs), and prints each mode's instructions per aten op beyond
+the plain run and the ratio to the bare mode's. Instructions are not time (a cache miss costs more than an
 add), but the tracer's overhead is interpreter work, which they follow closely.
 
 Each part runs inside a different C iterator of itertools (starmap, filterfalse, dropwhile,
-takewhile, accumulate, compress), which nothing else here uses, so callgrind's
+takewhile, accumulate, compress, pairwise), which nothing else here uses, so callgrind's
 --toggle-collect counts each part's instructions alone: the tracing of memcpy-doctor's modes,
 and apart from it the end of their runs (the trace built, then its report), a cost per run
 rather than per op. A first, uncounted round warms every mode up. About 4 minutes per
@@ -36,7 +37,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 #: tracing and the end of memcpy-doctor's runs.
 TOGGLES = {"plain": "starmap_next", "bare": "filterfalse_next",
            "memcpy-doctor (host)": "dropwhile_next", "memcpy-doctor (sim)": "takewhile_next",
-           "end (host)": "accumulate_next", "end (sim)": "compress_next"}
+           "end (host)": "accumulate_next", "end (sim)": "compress_next",
+           "host, Python table": "pairwise_next"}
 #: Iterations per workload: fewer than benchmarks/run.py's, as callgrind runs 50x slower.
 ITERS = {"small-ops": 1000, "transformer": 8, "generate": 100}
 
@@ -46,6 +48,8 @@ def measure(workload: str) -> None:
     import torch
 
     import memcpy_doctor
+    from memcpy_doctor.tracer import collector
+    from memcpy_doctor.tracer.producers import PyProducerTable
     sys.path.insert(0, str(HERE))
     import run as bench
 
@@ -60,13 +64,19 @@ def measure(workload: str) -> None:
         with bench.Forwarding():
             fn("cpu", iters)
 
-    def traced(device):
-        """The two parts of a memcpy-doctor run: start and trace; end (trace and report)."""
+    def traced(device, table=None):
+        """The two parts of a memcpy-doctor run: start and trace; end (trace and report).
+        With `table`, the tracer's producer table is that class."""
         run = memcpy_doctor.profiler(device="sim")
         started = []
 
         def start_and_trace(*_):
-            started.append(run.__enter__())
+            compiled = collector.ProducerTable
+            collector.ProducerTable = table or compiled
+            try:
+                started.append(run.__enter__())
+            finally:
+                collector.ProducerTable = compiled
             fn(device, iters)
 
         def end(*_):
@@ -77,16 +87,20 @@ def measure(workload: str) -> None:
 
     host, host_end = traced("cpu")
     sim, sim_end = traced("cuda")
-    for part in (plain, bare, host, host_end, sim, sim_end):
+    py_host, py_host_end = traced("cpu", PyProducerTable)
+    for part in (plain, bare, host, host_end, sim, sim_end, py_host, py_host_end):
         part()
     host, host_end = traced("cpu")
     sim, sim_end = traced("cuda")
+    py_host, py_host_end = traced("cpu", PyProducerTable)
     list(itertools.starmap(plain, [()]))
     list(itertools.filterfalse(bare, [0]))
     list(itertools.dropwhile(host, [0]))
     list(itertools.accumulate([0, 0], host_end))
     list(itertools.takewhile(lambda _: sim(), [0]))
     list(itertools.compress((sim_end() for _ in [0]), [1]))
+    list(itertools.pairwise(py_host() if i == 0 else None for i in range(2)))
+    py_host_end()
     print(bench.count_ops(fn, iters))
 
 
@@ -133,6 +147,9 @@ def count(workload: str) -> None:
         over = counts[TOGGLES[mode]] - plain
         print(f"  {mode:<24}{counts[TOGGLES[mode]] / ops:10.0f}{over / ops:10.0f}"
               f"{over / bare:17.3f}")
+    over = counts[TOGGLES["host, Python table"]] - plain
+    print(f"  {'(host, Python table)':<24}{counts[TOGGLES['host, Python table']] / ops:10.0f}"
+          f"{over / ops:10.0f}{over / bare:17.3f}  (an install without a C compiler)")
     for where in ("host", "sim"):
         end = counts[TOGGLES[f"end ({where})"]]
         whole = counts[TOGGLES[f"memcpy-doctor ({where})"]] - plain + end

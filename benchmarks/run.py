@@ -3,8 +3,9 @@
     python benchmarks/run.py [--quick] [--million]
 
 Workloads, each run plain, under a bare forwarding TorchDispatchMode, under memcpy-doctor
-(ops on the host, and on the simulated GPU) and under torch.profiler (CPU activity only; with
-key_averages(); with stacks, shapes and key_averages()), all in this one process:
+(ops on the host, also with the Python version of its producer table, which an install
+without a C compiler runs; and on the simulated GPU) and under torch.profiler (CPU activity
+only; with key_averages(); with stacks, shapes and key_averages()), all in this one process:
 - small-ops: a loop of 64x64 matmul, relu, mul, add;
 - transformer: a small TransformerEncoder forward and backward with an optimizer step;
 - generate: a generate-style loop that reads a token back to the host every step.
@@ -36,6 +37,8 @@ from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.gates import check
 from memcpy_doctor.analysis.rules import suggest
 from memcpy_doctor.trace import Trace
+from memcpy_doctor.tracer import collector
+from memcpy_doctor.tracer.producers import PyProducerTable
 
 
 class Forwarding(TorchDispatchMode):
@@ -139,6 +142,16 @@ def modes(fn: Callable[[str, int], None], iters: int) -> dict[str, Callable[[], 
             fn("cpu", iters)
         prof.report()
 
+    def md_host_python_table():
+        """As md_host, with the Python version of the producer table (what an install without
+        a C compiler runs)."""
+        compiled = collector.ProducerTable
+        collector.ProducerTable = PyProducerTable
+        try:
+            md_host()
+        finally:
+            collector.ProducerTable = compiled
+
     def md_sim():
         with memcpy_doctor.profiler(device="sim") as prof:
             fn("cuda", iters)
@@ -160,6 +173,7 @@ def modes(fn: Callable[[str, int], None], iters: int) -> dict[str, Callable[[], 
         p.key_averages()
 
     return {"plain": plain, "bare dispatch mode": bare, "memcpy-doctor (host)": md_host,
+            "memcpy-doctor (host, Python table)": md_host_python_table,
             "memcpy-doctor (sim)": md_sim, "torch.profiler cpu": tp_cpu,
             "torch.profiler + key_averages": tp_avg,
             "torch.profiler stack+shapes+key_averages": tp_full}

@@ -65,3 +65,19 @@ def test_instruction_benchmark_runs_every_mode_natively():
                            "--measure", "small-ops"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(4 * 1000 + 2)]
+
+
+def test_the_python_table_mode_runs_it_and_puts_the_tracers_own_back(bench, monkeypatch):
+    from memcpy_doctor.tracer import collector, producers
+    used = []
+
+    class Recording(producers.PyProducerTable):
+        def __init__(self, *args):
+            super().__init__(*args)
+            used.append(self)
+
+    monkeypatch.setattr(bench, "PyProducerTable", Recording)
+    fn, _ = bench.WORKLOADS["small-ops"]
+    bench.modes(fn, 2)["memcpy-doctor (host, Python table)"]()
+    assert len(used) == 1  # (emptied when the run ended)
+    assert collector.ProducerTable is producers.ProducerTable
