@@ -52,8 +52,24 @@ static inline Entry *find(Table *t, PyObject *key) {
     }
 }
 
+/* The object a weak reference refers to (compared, never used), or NULL/None when dead.
+   PyWeakref_GET_OBJECT, a plain read, is deprecated from Python 3.13 on. */
+#if PY_VERSION_HEX >= 0x030D0000
+static inline PyObject *referent(PyObject *ref) {
+    PyObject *o;
+    if (PyWeakref_GetRef(ref, &o) <= 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(o); /* alive elsewhere: only its address is compared */
+    return o;
+}
+#else
+#define referent(ref) PyWeakref_GET_OBJECT(ref)
+#endif
+
 static inline int is_live(const Entry *e, PyObject *key) {
-    return e->key == key && PyWeakref_GET_OBJECT(e->ref) == key;
+    return e->key == key && referent(e->ref) == key;
 }
 
 /* Move the live entries to `n_slots` new slots; release the dead ones once the table is
@@ -71,7 +87,7 @@ static int rebuild(Table *t, Py_ssize_t n_slots) {
     t->used = 0;
     for (Py_ssize_t i = 0; i < old_n; i++) {
         Entry *e = &old[i];
-        if (e->key != NULL && PyWeakref_GET_OBJECT(e->ref) == e->key) {
+        if (e->key != NULL && referent(e->ref) == e->key) {
             *find(t, e->key) = *e;
             t->used++;
             e->key = NULL; /* moved */
