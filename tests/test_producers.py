@@ -5,6 +5,7 @@ whichever version the tracer used."""
 from __future__ import annotations
 
 import gc
+import pathlib
 import shutil
 import sysconfig
 import weakref
@@ -154,8 +155,15 @@ def test_errors_reach_the_caller(table_type):
         table.write((3,), Op("mm"), False)  # not weakly referenceable
 
 
-@pytest.mark.skipif(not shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]),
-                    reason="no C compiler here: the Python table is the one installed")
+def _can_compile() -> bool:
+    """A C compiler and Python's headers: what building the extension needs."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = pathlib.Path(sysconfig.get_paths()["include"], "Python.h")
+    return shutil.which(compiler) is not None and headers.exists()
+
+
+@pytest.mark.skipif(not _can_compile(),
+                    reason="no C compiler or Python headers here: the Python table is used")
 def test_the_compiled_table_is_built_where_a_compiler_is():
     assert producers.COMPILED, ("memcpy_doctor/tracer/_producers.c is not built: "
                                 "`pip install -e .` builds it")
