@@ -118,6 +118,33 @@ def test_dead_entries_are_swept_so_the_table_stays_small(table_type):
     assert len(table) <= 130  # within a few times the 10 live tensors, not 20,000
 
 
+def test_a_forgotten_tensor_has_no_producer_until_written_again(table_type):
+    table, flows = table_type(), {}
+    a, b = torch.zeros(4), torch.zeros(2)
+    table.write((a,), Op("mm"), True)
+    table.write((b,), Op("relu"), True)
+    table.forget(a)
+    table.forget(torch.zeros(1))  # never written: nothing to forget
+    assert table.get(a) is None and table.get(b).name == "relu"
+    assert table.read((a, b), flows, True) == 16 + 8  # a's bytes still count for a kernel
+    assert [(op.name, edge) for op, edge in flows.items()] == [("relu", [1, 8])]
+    table.write((a,), Op("add"), False)
+    assert table.get(a).name == "add"
+
+
+def test_a_tensor_rebound_to_untraced_data_loses_its_old_producer():
+    """`p.data = t` where no traced op made t: p's data is no longer what its last op made."""
+    col = collector.Collector()
+    p, made, untraced = torch.zeros(2), torch.ones(2), torch.full((2,), 3.0)
+    mm = Op("mm")
+    col.set_producer(p, mm)
+    col.set_producer(made, Op("relu"))
+    col.rebind(made, p)
+    assert col.producer_agg(p).name == "relu"
+    col.rebind(untraced, p)
+    assert col.producer_agg(p) is None
+
+
 def test_clear_forgets_everything(table_type):
     table, t = table_type(), torch.zeros(1)
     table.write((t,), Op("mm"), False)

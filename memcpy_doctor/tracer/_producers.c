@@ -6,7 +6,8 @@
    An open-addressing hash table keyed by the tensor object's address. Each entry holds a weak
    reference to its tensor (the basic one, which CPython shares between its holders), so it
    holds only while that tensor lives: an address reused by a new object finds a dead entry
-   and replaces it. Dead entries are swept when the table fills, before it grows.
+   and replaces it. Dead entries (and forgotten ones) are swept when the table fills, before
+   it grows.
 
    Anything that can run Python code (a tensor's `nbytes`, an allocation that starts the
    garbage collector, and with it finalizers that may trace ops) can re-enter the table, so no
@@ -87,7 +88,7 @@ static int rebuild(Table *t, Py_ssize_t n_slots) {
     t->used = 0;
     for (Py_ssize_t i = 0; i < old_n; i++) {
         Entry *e = &old[i];
-        if (e->key != NULL && referent(e->ref) == e->key) {
+        if (e->key != NULL && e->value != NULL && referent(e->ref) == e->key) {
             *find(t, e->key) = *e;
             t->used++;
             e->key = NULL; /* moved */
@@ -196,7 +197,7 @@ static PyObject *Table_read(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *x = PySequence_Fast_GET_ITEM(seq, i);
         Entry *e = find(t, x);
-        if (!is_live(e, x)) {
+        if (!is_live(e, x) || e->value == NULL) {
             if (kernel) {
                 int64_t size = nbytes_of(x);
                 if (size == -2) {
@@ -282,8 +283,21 @@ PyDoc_STRVAR(get_doc, "get(t) -> what made t's data, or None");
 
 static PyObject *Table_get(Table *t, PyObject *o) {
     Entry *e = find(t, o);
-    if (is_live(e, o)) {
+    if (is_live(e, o) && e->value != NULL) {
         return Py_NewRef(e->value);
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(forget_doc, "forget(t): t's data was made by no op the table knows of");
+
+static PyObject *Table_forget(Table *t, PyObject *o) {
+    Entry *e = find(t, o);
+    if (e->key == o) {  /* (the entry stays, answering nothing, until swept or rewritten) */
+        PyObject *value = e->value;
+        e->value = NULL;
+        e->nbytes = -1;
+        Py_XDECREF(value);
     }
     Py_RETURN_NONE;
 }
@@ -378,6 +392,7 @@ static PyMethodDef Table_methods[] = {
     {"read", (PyCFunction)(void (*)(void))Table_read, METH_FASTCALL, read_doc},
     {"write", (PyCFunction)(void (*)(void))Table_write, METH_FASTCALL, write_doc},
     {"get", (PyCFunction)Table_get, METH_O, get_doc},
+    {"forget", (PyCFunction)Table_forget, METH_O, forget_doc},
     {"clear", (PyCFunction)Table_clear, METH_NOARGS, clear_doc},
     {NULL, NULL, 0, NULL},
 };

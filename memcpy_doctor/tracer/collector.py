@@ -56,9 +56,9 @@ class OpAgg:
     The per-op path (TraceState.dispatcher) updates the counters in place; the Event
     Summary row of the op is folded from its OpAggs at the end. `flows_in` holds, by the
     producing OpAgg (hashed by identity), the op graph's edges into this op: [reads, bytes]
-    (filled by ProducerTable.read). A call
-    whose time is the host's lands in `times` first, a simulated kernel's device time in
-    `kernel_times` (see `fold`): appending is cheaper than updating five counters per call.
+    (filled by ProducerTable.read). A call whose time is the host's lands in `times` first,
+    a simulated kernel's device time in `kernel_times` (see `fold`): appending is cheaper
+    than updating five counters per call.
     """
 
     __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",
@@ -236,10 +236,13 @@ class Collector:
         return agg.ref if agg is not None else None
 
     def inherit_producer(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """dst holds src's data (a copy of it, or src itself rebound)."""
+        """dst holds src's data (a copy of it, or src itself rebound): src's producer, or
+        none if src has none (not the op that made dst's data before)."""
         agg = self.producer_agg(src)
         if agg is not None:
             self.set_producer(dst, agg)
+        else:
+            self.producers.forget(dst)
 
     # ----- copies -----
     def copy(self, *, direction: str, sync: bool, pinned: bool | None, trigger: str,

@@ -22,7 +22,9 @@ from ..defaults import PRODUCER_SWEEP_MIN
 
 class _Entry(weakref.ref):
     """A weak reference to a tensor, with what the table knows about it: `value` (what made
-    its data) and `nbytes` (its size when the op that made it was a kernel; -1: not known)."""
+    its data) and `nbytes` (its size when the op that made it was a kernel; -1: not known).
+    A size once known stays right: only an op with the tensor as its output, or a rebind,
+    changes a tensor's size, and either writes the entry again."""
 
     __slots__ = ("value", "nbytes")
 
@@ -89,6 +91,12 @@ class PyProducerTable:
         if made is not None and made() is t:
             return made.value
         return None
+
+    def forget(self, t: Any) -> None:
+        """t's data was made by no op the table knows of."""
+        made = self._entries.get(id(t))
+        if made is not None and made() is t:
+            del self._entries[id(t)]
 
     def clear(self) -> None:
         """Forget every entry."""
