@@ -73,6 +73,21 @@ static inline int is_live(const Entry *e, PyObject *key) {
     return e->key == key && referent(e->ref) == key;
 }
 
+/* Release the entries left in `slots` (moved ones have no key) and free them: called once
+   the table no longer points at them, as a release can run code that uses the table. */
+static void release(Entry *slots, Py_ssize_t n) {
+    if (slots == NULL) {
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (slots[i].key != NULL) {
+            Py_DECREF(slots[i].ref);
+            Py_XDECREF(slots[i].value);
+        }
+    }
+    PyMem_Free(slots);
+}
+
 /* Move the live entries to `n_slots` new slots; release the dead ones once the table is
    whole again. */
 static int rebuild(Table *t, Py_ssize_t n_slots) {
@@ -94,13 +109,7 @@ static int rebuild(Table *t, Py_ssize_t n_slots) {
             e->key = NULL; /* moved */
         }
     }
-    for (Py_ssize_t i = 0; i < old_n; i++) {
-        if (old[i].key != NULL) {
-            Py_DECREF(old[i].ref);
-            Py_XDECREF(old[i].value);
-        }
-    }
-    PyMem_Free(old);
+    release(old, old_n);
     return 0;
 }
 
@@ -314,15 +323,7 @@ static int release_all(Table *t) {
     t->slots = slots;
     t->mask = INITIAL_SLOTS - 1;
     t->used = 0;
-    if (old != NULL) {
-        for (Py_ssize_t i = 0; i < old_n; i++) {
-            if (old[i].key != NULL) {
-                Py_DECREF(old[i].ref);
-                Py_XDECREF(old[i].value);
-            }
-        }
-        PyMem_Free(old);
-    }
+    release(old, old_n);
     return 0;
 }
 
@@ -344,7 +345,8 @@ static PyObject *Table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (t == NULL) {
         return NULL;
     }
-    if (release_all(t) < 0) { /* (sweep_min is the Python version's: this one sweeps as it fills) */
+    /* (sweep_min is the Python version's: this one sweeps as it fills) */
+    if (release_all(t) < 0) {
         Py_DECREF(t);
         return NULL;
     }
@@ -352,6 +354,9 @@ static PyObject *Table_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static int Table_traverse(Table *t, visitproc visit, void *arg) {
+    if (t->slots == NULL) { /* cleared, or not yet set up */
+        return 0;
+    }
     for (Py_ssize_t i = 0; i <= t->mask; i++) {
         if (t->slots[i].key != NULL) {
             Py_VISIT(t->slots[i].value);
@@ -366,15 +371,7 @@ static int Table_tp_clear(Table *t) {
     t->slots = NULL;
     t->mask = -1;
     t->used = 0;
-    if (old != NULL) {
-        for (Py_ssize_t i = 0; i < old_n; i++) {
-            if (old[i].key != NULL) {
-                Py_DECREF(old[i].ref);
-                Py_XDECREF(old[i].value);
-            }
-        }
-        PyMem_Free(old);
-    }
+    release(old, old_n);
     return 0;
 }
 
