@@ -178,6 +178,20 @@ static int add_to(PyObject *edge, Py_ssize_t i, int64_t add) {
     return 0;
 }
 
+/* The tensors (a new reference to a tuple or list) and the truth of `kernel` of a call
+   read(ins, flows_in, kernel) or write(outs, producer, kernel); NULL with an exception set. */
+static PyObject *tensors_and_kernel(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                                    int *kernel) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    if ((*kernel = PyObject_IsTrue(args[2])) < 0) {
+        return NULL;
+    }
+    return PySequence_Fast(args[0], usage);
+}
+
 PyDoc_STRVAR(read_doc,
 "read(ins, flows_in, kernel) -> bytes read\n\n"
 "For each input whose producer is known, add a read and its bytes to flows_in[producer]\n"
@@ -185,21 +199,15 @@ PyDoc_STRVAR(read_doc,
 "with `kernel` the others' too.");
 
 static PyObject *Table_read(Table *t, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "read(ins, flows_in, kernel)");
+    int kernel;
+    PyObject *seq = tensors_and_kernel(args, nargs, "read(ins, flows_in, kernel)", &kernel);
+    if (seq == NULL) {
         return NULL;
     }
     PyObject *flows = args[1];
     if (!PyDict_Check(flows)) {
+        Py_DECREF(seq);
         PyErr_SetString(PyExc_TypeError, "flows_in must be a dict");
-        return NULL;
-    }
-    int kernel = PyObject_IsTrue(args[2]);
-    if (kernel < 0) {
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(args[0], "ins must be a sequence");
-    if (seq == NULL) {
         return NULL;
     }
     int64_t total = 0;
@@ -254,19 +262,12 @@ PyDoc_STRVAR(write_doc,
 "written, returned; 0 without `kernel`).");
 
 static PyObject *Table_write(Table *t, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "write(outs, producer, kernel)");
-        return NULL;
-    }
-    PyObject *producer = args[1];
-    int kernel = PyObject_IsTrue(args[2]);
-    if (kernel < 0) {
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(args[0], "outs must be a sequence");
+    int kernel;
+    PyObject *seq = tensors_and_kernel(args, nargs, "write(outs, producer, kernel)", &kernel);
     if (seq == NULL) {
         return NULL;
     }
+    PyObject *producer = args[1];
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
