@@ -18,9 +18,9 @@ import sys
 
 from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.rules import suggest
-from memcpy_doctor.apply import GuardEdit
-from memcpy_doctor.runner import run_script
-from memcpy_doctor.trace import Trace
+from memcpy_doctor.run.apply import GuardEdit
+from memcpy_doctor.run.runner import run_script
+from memcpy_doctor.core.trace import Trace
 from memcpy_doctor.tracer import Tracer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from memcpy_doctor.trace import Trace  # noqa: E402
+from memcpy_doctor.core.trace import Trace  # noqa: E402
 
 #: Modeled time within this fraction of the measured one counts as close (issue 7's goal).
 TIME_GOAL = 0.25
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run the programs whose name contains NAME (repeatable)")
     args = parser.parse_args(argv)
-    from memcpy_doctor.analysis.costmodel import ProfileError, load_profile
+    from memcpy_doctor.core.costmodel import ProfileError, load_profile
     try:
         load_profile(args.device_profile)
     except ProfileError as e:

@@ -36,7 +36,7 @@ import memcpy_doctor
 from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.gates import check
 from memcpy_doctor.analysis.rules import suggest
-from memcpy_doctor.trace import Trace
+from memcpy_doctor.core.trace import Trace
 from memcpy_doctor.tracer import collector
 from memcpy_doctor.tracer.producers import PyProducerTable
 

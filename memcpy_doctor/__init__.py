@@ -8,14 +8,13 @@
 The library never prints; the `memcpy-doctor` command does.
 """
 
-__version__ = "0.1.0"
-
-from .api import profiler  # noqa: E402
-from .guard import device_guard  # noqa: E402
-from .render.text import render_text  # noqa: E402
-from .trace import Trace, TraceError, load_trace  # noqa: E402
-from .transfer_guard import TransferGuardError, transfer_guard  # noqa: E402
-from .tracer import Tracer  # noqa: E402
+from .core import __version__
+from .api import profiler
+from .guards.device import device_guard
+from .render.text import render_text
+from .core.trace import Trace, TraceError, load_trace
+from .guards.transfer import TransferGuardError, transfer_guard
+from .tracer import Tracer
 
 __all__ = ["device_guard", "transfer_guard", "TransferGuardError", "profiler",
            "Tracer", "Trace", "TraceError", "load_trace", "render_text",

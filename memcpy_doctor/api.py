@@ -5,9 +5,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .defaults import DEFAULT_DEVICE, DEFAULT_SORT_KEY, SORT_KEYS
+from .core.defaults import DEFAULT_DEVICE, DEFAULT_SORT_KEY, SORT_KEYS
 from .render.text import render_text
-from .trace import Trace
+from .core.trace import Trace
 from .tracer import Tracer
 
 #: Paddle's profiler states. memcpy-doctor always records host and device work; the state is

@@ -20,31 +20,31 @@ import sys
 
 import click
 
-from . import __version__
-from .analysis.costmodel import ProfileError
-from .defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
+from .core import __version__
+from .core.costmodel import ProfileError
+from .core.defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
                        DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED,
                        EXIT_INTERRUPTED, EXIT_USAGE, SORT_KEYS, CHROME_EVENTS)
 from .render.text import render_text
-from .runner import RunResult, format_exception, run_script
+from .run.runner import RunResult, format_exception, run_script
 from .analysis.attribution import explain as explain_trace
 from .analysis.gates import GateError, check
-from .apply import ApplyError, load_edits
-from .config import GateConfig, load_config, merge
+from .run.apply import ApplyError, load_edits
+from .run.config import GateConfig, load_config, merge
 from .render.check import render_check_json, render_check_text
 from .render.chrome import render_chrome
 from .analysis.compare import compare
-from .analysis.placement import parse_bytes
+from .core.units import parse_bytes
 from .analysis.rules import suggest
 from .render.diff import render_diff
 from .render.explain import (FORMATS as EXPLAIN_FORMATS, render_explain_json,
                              render_explain_markdown, render_explain_text, render_log)
-from .trace import Trace, TraceError
-from . import calibrate as calib
+from .core.trace import Trace, TraceError
+from .run import calibrate as calib
 from .tracer import Tracer
 from .analysis.ranks import compare_ranks, merge as merge_ranks
-from .launch import launch, worst_status
-from .rankenv import RankError, RankInfo, expand_traces, path_for, rank_info, rank_path
+from .run.launch import launch, worst_status
+from .run.rankenv import RankError, RankInfo, expand_traces, path_for, rank_info, rank_path
 from .render.ranks import (group_title, rank_label, ranks_dict, render_differences_text,
                            render_ranks_markdown, render_ranks_text)
 
@@ -512,7 +512,7 @@ def calibrate(output: str, quick: bool, measurements: str | None) -> None:
     latency, matmul FLOP/s, memory bandwidth) and write a device profile that
     `profile --device sim --device-profile FILE` uses. Needs a CUDA GPU."""
     import json
-    from .analysis.costmodel import load_profile
+    from .core.costmodel import load_profile
     for path in (output, measurements):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageProblem(f"{path}: directory {os.path.dirname(path)} does not exist")

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .defaults import DEFAULT_DEVICE, DEVICE_CHOICES
+from .core.defaults import DEFAULT_DEVICE, DEVICE_CHOICES
 
 MARKERS = {
     "max_sync_copies": "max_sync_copies(n): profile the test body with memcpy-doctor and fail "
@@ -150,7 +150,7 @@ def profile_class() -> type:
 
 
 def _new_profile(config: pytest.Config) -> Any:
-    from .defaults import DEFAULT_SORT_KEY
+    from .core.defaults import DEFAULT_SORT_KEY
     from .tracer import Tracer
     tracer = Tracer(device=config.getoption("memcpy_doctor_device", DEFAULT_DEVICE))
     return profile_class()(tracer, DEFAULT_SORT_KEY, "All")
@@ -240,7 +240,8 @@ def _drop(item: pytest.Item, key: pytest.StashKey) -> None:
 def summary_line(trace: Any, budget: str) -> str:
     """A profiled test in one line: copies, sync copies, bytes, copy time of the total, the
     budget's verdict and the device."""
-    from .analysis.gates import METRICS, format_value
+    from .analysis.gates import METRICS
+    from .core.units import format_value
 
     def value(name: str) -> float:
         return METRICS[name].value(trace, trace.copies)

@@ -36,8 +36,8 @@ import dataclasses
 import signal
 from typing import Any
 
-from memcpy_doctor.analysis.summary import summarize
-from memcpy_doctor.trace import (CopyRecord, EventRow, Meta, OpRecord, OpRef, Site, Trace,
+from memcpy_doctor.core.summary import summarize
+from memcpy_doctor.core.trace import (CopyRecord, EventRow, Meta, OpRecord, OpRef, Site, Trace,
                                  WaitRecord)
 
 #: The project directory every site in the default trace lies under.

@@ -13,8 +13,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from memcpy_doctor import calibrate as calib
-from memcpy_doctor.analysis.costmodel import (DeviceProfile, ProfileError, available_profiles,
+from memcpy_doctor.run import calibrate as calib
+from memcpy_doctor.core.costmodel import (DeviceProfile, ProfileError, available_profiles,
                                               load_profile)
 from memcpy_doctor.tracer import Tracer
 

@@ -25,7 +25,7 @@ from memcpy_doctor.analysis.gates import check
 from memcpy_doctor.render.github import escape_data, escape_property, render_github
 from memcpy_doctor.render.junit import render_junit
 from memcpy_doctor.render.sarif import FINGERPRINT_KEY, render_sarif, sarif_dict
-from memcpy_doctor.trace import Site
+from memcpy_doctor.core.trace import Site
 
 ROOT = PROJECT_DIR
 HTOD, ITEM, ASYNC = range(3)  # indices into make_copies()

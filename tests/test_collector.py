@@ -7,7 +7,7 @@ import inspect
 import torch
 
 import memcpy_doctor
-from memcpy_doctor.trace import OpRef
+from memcpy_doctor.core.trace import OpRef
 from memcpy_doctor.tracer.collector import NO_CALL_YET, EventAgg, OpAgg
 
 

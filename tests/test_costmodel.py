@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from memcpy_doctor.analysis.costmodel import (DeviceProfile, ProfileError, Timeline,
+from memcpy_doctor.core.costmodel import (DeviceProfile, ProfileError, Timeline,
                                               available_profiles, load_profile)
-from memcpy_doctor.defaults import DEFAULT_DEVICE_PROFILE
+from memcpy_doctor.core.defaults import DEFAULT_DEVICE_PROFILE
 
 
 def make_profile(**overrides) -> DeviceProfile:

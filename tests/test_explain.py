@@ -12,11 +12,11 @@ from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.compare import compare
 from memcpy_doctor.analysis.edits import guard_diff
 from memcpy_doctor.analysis.rules import suggest
-from memcpy_doctor.analysis.summary import summarize
-from memcpy_doctor.apply import ApplyError, GuardEdit, apply_edits, load_edits
+from memcpy_doctor.core.summary import summarize
+from memcpy_doctor.run.apply import ApplyError, GuardEdit, apply_edits, load_edits
 from memcpy_doctor.render.diff import render_diff
 from memcpy_doctor.render.explain import render_explain_json, render_explain_text
-from memcpy_doctor.trace import CopyRecord, Meta, OpRecord, OpRef, Site, Trace
+from memcpy_doctor.core.trace import CopyRecord, Meta, OpRecord, OpRef, Site, Trace
 
 SOURCE = textwrap.dedent("""\
     import torch
@@ -193,7 +193,7 @@ EMB_SOURCE = textwrap.dedent("""\
 
 def embedding_trace(path: str, weight_bytes: int) -> Trace:
     """A weight made at line 7 copied once to the device for the lookup at line 10."""
-    from memcpy_doctor.analysis.costmodel import load_profile
+    from memcpy_doctor.core.costmodel import load_profile
 
     def at(line):
         return Site(path, line, "f")

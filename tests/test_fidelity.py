@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import SYNC_SITE, TRAIN_STEP_ITEM, make_copies, make_trace
-from memcpy_doctor.trace import CopyRecord, Site, WaitRecord
+from memcpy_doctor.core.trace import CopyRecord, Site, WaitRecord
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

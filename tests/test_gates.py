@@ -13,7 +13,7 @@ import pytest
 from helpers import make_trace
 from memcpy_doctor.analysis.gates import (METRICS, GateError, allowed, check, parse_threshold,
                                           parse_tolerance)
-from memcpy_doctor.config import load_config
+from memcpy_doctor.run.config import load_config
 
 
 def test_metric_values_on_the_hand_built_trace():
@@ -88,7 +88,7 @@ def test_baseline_regression_new_and_grown_paths_and_improvements():
     new.copies[1].calls = 12  # the .item() path grew
     extra = json.loads(json.dumps(new.to_dict()))["copies"][0]
     extra["site"].update(line=99, function="warm_up")  # a new sync HtoD path
-    from memcpy_doctor.trace import Trace
+    from memcpy_doctor.core.trace import Trace
     data = new.to_dict()
     data["copies"].append(extra)
     data["copies"][2]["bytes"] = 1_000  # the async DtoH moved fewer bytes

@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memcpy_doctor
-from memcpy_doctor.guard import device_guard, guarded_device, parse_device
-from memcpy_doctor.trace import Trace
+from memcpy_doctor.guards.device import device_guard, guarded_device, parse_device
+from memcpy_doctor.core.trace import Trace
 from triggers_util import check
 
 CPU = torch.device("cpu")
@@ -253,7 +253,7 @@ def test_copies_of_a_guarded_module_are_guarded_and_their_own():
 def test_factories_under_a_cuda_guard_are_on_the_device(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         h = torch.ones(2)
         host_out = torch.empty(2)
         with device_guard("cuda"):
@@ -273,7 +273,7 @@ def test_factories_under_a_cuda_guard_are_on_the_device(tmp_path, device):
 def test_ops_copy_their_inputs_to_the_guard_device(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         d = torch.arange(4.0, device="cuda")
         h = torch.ones(4)
         scalar = torch.tensor(2.0)
@@ -294,7 +294,7 @@ def test_ops_copy_their_inputs_to_the_guard_device(tmp_path, device):
 def test_explicit_transfers_queries_and_views_are_honoured(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         h = torch.ones(2, 3)
         d = torch.ones(2, 3, device="cuda")
         with device_guard("cpu"):
@@ -319,7 +319,7 @@ def test_writes_into_a_tensor_elsewhere_land_in_it(tmp_path, device):
     check(tmp_path, """
         import torch
         import torch.nn.functional as F
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         a, b, c, e, f, out = (torch.arange(4.0, device="cuda") - 1 for _ in range(6))
         with device_guard("cpu"):
             r = a.add_(1)  # expect: DtoH sync to; HtoD sync copy_
@@ -341,7 +341,7 @@ def test_writes_into_a_tensor_elsewhere_land_in_it(tmp_path, device):
 def test_an_optimizer_step_under_a_guard_updates_the_parameters_in_place(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         p = torch.nn.Parameter(torch.ones(3))
         p.grad = torch.full((3,), 2.0)
         opt = torch.optim.SGD([p], lr=0.5, foreach=True)
@@ -354,7 +354,7 @@ def test_an_optimizer_step_under_a_guard_updates_the_parameters_in_place(tmp_pat
 def test_nested_guards_innermost_wins(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         with device_guard("gpu:0"):
             a = torch.zeros(2)
             with device_guard("cpu"):
@@ -372,7 +372,7 @@ def test_nested_guards_innermost_wins(tmp_path, device):
 def test_backward_follows_the_forward_device(tmp_path, device):
     trace = check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         w = torch.ones(3, device="cuda", requires_grad=True)
         with device_guard("cpu"):
             y = (w * 3).sum()  # expect: DtoH sync to
@@ -389,7 +389,7 @@ def test_backward_follows_the_forward_device(tmp_path, device):
 def test_a_guarded_module_called_under_a_guard_leaves_its_outputs(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         with device_guard("cpu"):
             emb = torch.nn.Embedding(10, 4)
         ids = torch.tensor([1, 2], device="cuda")  # expect: HtoD sync factory
@@ -404,7 +404,7 @@ def test_a_guarded_module_called_under_a_guard_leaves_its_outputs(tmp_path, devi
 def test_module_built_under_a_cuda_guard_stays_there(tmp_path, device):
     check(tmp_path, """
         import torch
-        from memcpy_doctor.guard import device_guard
+        from memcpy_doctor.guards.device import device_guard
         with device_guard("cuda"):
             lin = torch.nn.Linear(4, 2)
         model = torch.nn.Sequential(lin, torch.nn.ReLU())

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from memcpy_doctor.analysis.placement import (BRUTE_FORCE_MAX_FREE, Edge, Node, Placement,
-                                              brute_force, parse_bytes, place)
+                                              brute_force, place)
+from memcpy_doctor.core.units import parse_bytes
 
 
 def objective(nodes: list[Node], edges: list[Edge], on_device: frozenset) -> int:

@@ -380,7 +380,7 @@ def test_transfer_guard_in_a_profiled_test_uses_its_tracer(pytester):
         import pytest
         import torch
         from memcpy_doctor.tracer import active_tracer
-        from memcpy_doctor.transfer_guard import TransferGuardError, transfer_guard
+        from memcpy_doctor.guards.transfer import TransferGuardError, transfer_guard
 
         @pytest.mark.max_sync_copies(1)
         def test_guarded():

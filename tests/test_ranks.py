@@ -18,12 +18,12 @@ from helpers import (LOG_METRICS, MAIN, TRAIN_STEP_ITEM, TRAIN_STEP_TO, make_cop
 from memcpy_doctor.analysis.ranks import (PathDifference, RankDifference, compare_ranks,
                                           merge, sync_paths)
 from memcpy_doctor.cli import main
-from memcpy_doctor.launch import RankExit, rank_environ, worst_status
-from memcpy_doctor.rankenv import (RankError, RankInfo, expand_traces, path_for, rank_info,
+from memcpy_doctor.run.launch import RankExit, rank_environ, worst_status
+from memcpy_doctor.run.rankenv import (RankError, RankInfo, expand_traces, path_for, rank_info,
                                    rank_path)
 from memcpy_doctor.render.ranks import render_ranks_text
 from memcpy_doctor.render.text import render_text
-from memcpy_doctor.trace import CopyRecord, OpRef, Site, Trace, TraceError, load_trace
+from memcpy_doctor.core.trace import CopyRecord, OpRef, Site, Trace, TraceError, load_trace
 
 EXTRA = Site("/work/proj/train.py", 80, "debug")
 
@@ -436,7 +436,7 @@ def test_profile_ranks_gloo_simulated_gpu(tmp_path, capsys, monkeypatch):
 def test_torchrun_gloo_cpu_gives_one_trace_per_rank(tmp_path):
     """torchrun starts the tool on each rank; the script uses plain CPU tensors."""
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN).lstrip())
-    from memcpy_doctor.launch import free_port
+    from memcpy_doctor.run.launch import free_port
     r = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
              "--master-port", str(free_port()), "-m", "memcpy_doctor", "profile", "--device",
              "sim", "-o", "t.json", "train.py", "cpu"], tmp_path)
@@ -456,7 +456,7 @@ def test_torchrun_gloo_cpu_gives_one_trace_per_rank(tmp_path):
 def test_launch_stops_the_other_ranks_after_one_fails():
     """Rank 0 fails at once; rank 1 would sleep a minute: after the grace time it gets
     SIGTERM, is marked stopped, and the run's status is rank 0's."""
-    from memcpy_doctor.launch import launch
+    from memcpy_doctor.run.launch import launch
     code = ("import os, sys, time\n"
             "rank = int(os.environ['RANK'])\n"
             "assert os.environ['WORLD_SIZE'] == '2' and os.environ['MASTER_ADDR']\n"

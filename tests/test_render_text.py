@@ -13,10 +13,10 @@ import pytest
 import tabulate
 
 from helpers import PROJECT_DIR, make_copies, make_trace
-from memcpy_doctor.defaults import REPORT_SYNC_SITES, SORT_KEYS
-from memcpy_doctor.render.text import (format_ref, format_site, plain_table, render_text,
-                                       short_path)
-from memcpy_doctor.trace import CopyRecord, OpRef, Site
+from memcpy_doctor.core.defaults import REPORT_SYNC_SITES, SORT_KEYS
+from memcpy_doctor.core.paths import format_site, short_path
+from memcpy_doctor.render.text import format_ref, plain_table, render_text
+from memcpy_doctor.core.trace import CopyRecord, OpRef, Site
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("MEMCPY_DOCTOR_REGEN_GOLDEN") == "1"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from memcpy_doctor import load_trace
-from memcpy_doctor.trace import CopyRecord, Trace
+from memcpy_doctor.core.trace import CopyRecord, Trace
 
 TIMEOUT = 120
 REPO = Path(__file__).resolve().parents[1]

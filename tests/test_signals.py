@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from helpers import signals_as_default
-from memcpy_doctor.runner import RunResult, run_script
-from memcpy_doctor.trace import load_trace
+from memcpy_doctor.run.runner import RunResult, run_script
+from memcpy_doctor.core.trace import load_trace
 from memcpy_doctor.tracer import Tracer
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name == "nt",

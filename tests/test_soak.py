@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memcpy_doctor.trace import Trace
+from memcpy_doctor.core.trace import Trace
 from memcpy_doctor.tracer import Tracer
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from helpers import make_copies, make_events, make_trace
-from memcpy_doctor.analysis.summary import summarize
-from memcpy_doctor.trace import CopyRecord, EventRow, MemcpyFigure, Summary
+from memcpy_doctor.core.summary import summarize
+from memcpy_doctor.core.trace import CopyRecord, EventRow, MemcpyFigure, Summary
 
 
 def copy_record(*, sync: bool, calls: int, host_ns: int, device_ns: int,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import memcpy_doctor
-from memcpy_doctor._torch_private import gpu_trace
-from memcpy_doctor.analysis.costmodel import load_profile
+from memcpy_doctor.core.torch_private import gpu_trace
+from memcpy_doctor.core.costmodel import load_profile
 from memcpy_doctor.tracer import cuda as tcuda
 from memcpy_doctor.tracer.cuda import SyncHooks, waiting_op
 from memcpy_doctor.tracer.state import TraceState

@@ -11,7 +11,7 @@ import torch
 
 import memcpy_doctor
 from memcpy_doctor.render.text import render_text
-from memcpy_doctor.trace import Trace
+from memcpy_doctor.core.trace import Trace
 
 
 def _line_of(marker: str, fn) -> int:

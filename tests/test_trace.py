@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import MAIN, TRAIN_STEP_TO, make_trace
-from memcpy_doctor.defaults import SCHEMA_VERSION
-from memcpy_doctor.trace import Trace, TraceError, load_trace
+from memcpy_doctor.core.defaults import SCHEMA_VERSION
+from memcpy_doctor.core.trace import Trace, TraceError, load_trace
 
 
 # ----- JSON round trip -----

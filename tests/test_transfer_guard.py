@@ -16,7 +16,7 @@ import torch.nn as nn
 
 import memcpy_doctor
 from memcpy_doctor.tracer import active_tracer
-from memcpy_doctor.transfer_guard import (EXPLICIT_TRIGGERS, LEVELS, TransferGuardError,
+from memcpy_doctor.guards.transfer import (EXPLICIT_TRIGGERS, LEVELS, TransferGuardError,
                                           parse_levels, transfer_guard)
 
 HERE = os.path.abspath(__file__)

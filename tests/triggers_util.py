@@ -10,8 +10,8 @@ from __future__ import annotations
 import textwrap
 from collections import Counter
 
-from memcpy_doctor.runner import run_script
-from memcpy_doctor.trace import Trace
+from memcpy_doctor.run.runner import run_script
+from memcpy_doctor.core.trace import Trace
 from memcpy_doctor.tracer import Tracer
 
 

@@ -12,7 +12,7 @@ import linecache
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..trace import CopyRecord, OpRef, Site, Trace
+from ..core.trace import CopyRecord, OpRef, Site, Trace
 
 SourceReader = Callable[[Site], str]
 

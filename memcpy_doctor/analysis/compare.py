@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..trace import Site, Trace
+from ..core.trace import Site, Trace
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 
-from ..paths import short_path
+from ..core.paths import short_path
 
 GUARD_IMPORT = "import memcpy_doctor"
 

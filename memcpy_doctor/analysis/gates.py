@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..trace import CopyRecord, Trace
-from .placement import parse_bytes
+from ..core.trace import CopyRecord, Trace
+from ..core.units import format_value, parse_bytes
 
 
 class GateError(ValueError):
@@ -178,19 +178,6 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         return all(g.passed for g in self.gates)
-
-
-def format_value(kind: str, value: float) -> str:
-    if kind == "count":
-        return str(int(value))
-    if kind == "bytes":
-        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if value >= scale:
-                return f"{value / scale:.4g} {unit}"
-        return f"{int(value)} B"
-    if kind == "time":
-        return f"{value / 1e6:.4g} ms"
-    return f"{value:.4%}"
 
 
 def check(trace: Trace, limits: dict[str, float] | None = None, baseline: Trace | None = None,

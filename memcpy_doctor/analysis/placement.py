@@ -17,11 +17,9 @@ so the answer maps to lines of code) and `Edge`s, and turns the `Placement` into
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from fractions import Fraction
 from itertools import product
 
 HOST = "host"
@@ -407,24 +405,3 @@ def _branch_and_bound(p: _Problem, best: list[bool], budget: int,
             stack.append((value, pins[:branch] + [DEVICE] + pins[branch + 1:]))
         stack.append((value, pins[:branch] + [HOST] + pins[branch + 1:]))
     return best, best_cost
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """A size such as "4GiB", "4 GiB", "512MiB", "4GB" (SI: 10**9) or "123" (bytes), in bytes.
-
-    Units are case-insensitive; a fraction ("1.5GiB") is rounded down to a whole byte, the safe
-    side for a memory budget.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"a size must be a string, not {type(text).__name__}")
-    match = _SIZE.fullmatch(text)
-    unit = match and _UNITS.get(match.group(2).lower())
-    if not unit:
-        raise ValueError(f"cannot read {text!r} as a size in bytes: expected a number and "
-                         f"one of the units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, e.g. '4GiB'")
-    return int(Fraction(match.group(1)) * unit)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..paths import short_path
-from ..trace import Site, Trace
-from .costmodel import profile_of
+from ..core.paths import short_path
+from ..core.trace import Site, Trace
+from ..core.costmodel import profile_of
 from .edits import guard_diff
-from .gates import format_value
+from ..core.units import format_value
 from .placement import DEVICE, HOST, Edge, Node, Placement, place
-from .rules import Suggestion
+from .suggestion import Suggestion
 
 PYTHON = ("<python>", 0)
 #: A CPU is taken to reach this share of the GPU's roofline when host cost was not measured.

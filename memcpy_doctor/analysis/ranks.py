@@ -12,9 +12,9 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from ..trace import (CopyRecord, EventRow, FlowRecord, Meta, OpRecord, Site, Trace,
+from ..core.trace import (CopyRecord, EventRow, FlowRecord, Meta, OpRecord, Site, Trace,
                      WaitRecord)
-from .summary import summarize
+from ..core.summary import summarize
 
 #: A sync copy path as ranks are compared on it: direction, trigger, call site.
 PathKey = tuple[str, str, Site | None]

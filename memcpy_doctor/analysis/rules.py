@@ -13,27 +13,15 @@ from __future__ import annotations
 import abc
 import difflib
 import re
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ..trace import CopyRecord, OpRecord, Site, Trace
+from ..core.trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation
-from .costmodel import profile_of
-from ..paths import short_path
+from ..core.costmodel import profile_of
+from ..core.paths import format_site, short_path
 from .edits import guard_diff
-
-
-@dataclass
-class Suggestion:
-    rule: str
-    title: str
-    detail: str
-    sites: list[Site]
-    removes: list[CopyRecord]
-    saving_ns: int
-    diff: str | None = None
-    apply: dict[str, Any] | None = None  # what `profile --apply` reads
-    exact: bool = True  # False where the estimate rests on a heuristic
+from .placement_graph import placement_suggestions
+from .suggestion import Suggestion
 
 
 def estimate_saving(trace: Trace, removed: list[CopyRecord],
@@ -105,7 +93,7 @@ class HostRoundTrip(Rule):
         diffs = [guard_diff(f, [s.line for s in ordered if s.file == f], "cpu", cwd)
                  for f in sorted({s.file for s in ordered})]
         ops = ", ".join(sorted({m.op for m in chain.middle}))
-        where = ", ".join(f"{short_path(s.file, cwd)}:{s.line}" for s in ordered)
+        where = ", ".join(format_site(s, cwd) for s in ordered)
         return Suggestion(
             rule=self.name,
             title=f"run {ops} on the host with device_guard(\"cpu\") at {where}",
@@ -148,17 +136,13 @@ class PinnedNonBlocking(Rule):
                 continue
             out.append(Suggestion(
                 rule=self.name,
-                title=f"pin and copy with non_blocking=True at {_where(c.site, cwd)}",
+                title=f"pin and copy with non_blocking=True at {format_site(c.site, cwd)}",
                 detail=(f"{c.calls} host->device copies of {c.bytes // max(c.calls, 1)} bytes "
                         "each from pageable memory, each waited for; pin the source where it "
                         "is made (pin_memory(), or DataLoader(pin_memory=True))"),
                 sites=[c.site], removes=[c], saving_ns=saving,
                 diff=_non_blocking_diff(c.site, cwd)))
         return out
-
-
-def _where(site: Site, cwd: str | None) -> str:
-    return f"{short_path(site.file, cwd)}:{site.line}"
 
 
 def _launch_ns(trace: Trace) -> int:
@@ -213,7 +197,7 @@ class HostReadInLoop(Rule):
             out.append(Suggestion(
                 rule=self.name,
                 title=f"read once after the loop instead of {c.calls} times at "
-                      f"{_where(c.site, cwd)}",
+                      f"{format_site(c.site, cwd)}",
                 detail=(f"`{c.trigger}` reads a device value {c.calls} times and the host waits "
                         "each time; accumulate on the device (x.detach()) and read once"),
                 sites=[c.site], removes=[c], saving_ns=saving))
@@ -250,7 +234,7 @@ class DataDependentShape(Rule):
                     "bincount": "a known minlength and a device-side bound"}[c.trigger]
             out.append(Suggestion(
                 rule=self.name,
-                title=f"avoid the data-dependent size at {_where(c.site, cwd)}",
+                title=f"avoid the data-dependent size at {format_site(c.site, cwd)}",
                 detail=f"{c.calls} host waits to learn an output size; use {hint}",
                 sites=[c.site], removes=[c], saving_ns=c.host_ns))
         return out
@@ -261,8 +245,6 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     """Every rule's suggestions, largest estimated saving first; a copy is claimed by the first
     (most specific) rule that removes it. The placement (a minimum cut over the op graph)
     comes first under a device memory budget, last otherwise."""
-    from .placement_graph import placement_suggestions
-
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
     batches += [rule().match(trace, explanation, cwd) for rule in RULES]

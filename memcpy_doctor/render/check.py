@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..analysis.gates import CheckResult, PathFinding, format_value
+from ..analysis.gates import CheckResult, PathFinding
+from ..core.units import format_value
 from .text import format_ref
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.compare import Comparison, Figure
-from .text import format_site
+from ..core.paths import format_site
 
 
 def _ms(ns: int) -> str:

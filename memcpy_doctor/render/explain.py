@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 from ..analysis.attribution import Chain, End, Explanation
-from ..analysis.rules import Suggestion
-from ..trace import CopyRecord, Trace, TransferRecord
-from .text import format_ref, format_site
+from ..analysis.suggestion import Suggestion
+from ..core.trace import CopyRecord, Trace, TransferRecord
+from ..core.paths import format_site
+from .text import format_ref
 
 FORMATS = ("text", "json", "markdown")
 

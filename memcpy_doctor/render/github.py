@@ -13,7 +13,8 @@ because they are the ones that land on the diff.
 
 from __future__ import annotations
 
-from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding, format_value, site_key
+from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding, site_key
+from ..core.units import format_value
 from .check import finding_message, summary_line
 
 TITLE = "memcpy-doctor"

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from ..analysis.gates import CheckResult, GateResult, format_value
+from ..analysis.gates import CheckResult, GateResult
+from ..core.units import format_value
 from .check import finding_message, summary_line
 from .github import gate_message
 

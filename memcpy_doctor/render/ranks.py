@@ -8,7 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ..analysis.ranks import RankComparison, RankDifference, RankFigures
-from .text import format_site
+from ..core.paths import format_site
 
 
 def _ms(ns: int) -> str:

@@ -21,7 +21,7 @@ import pathlib
 import urllib.parse
 from typing import Any
 
-from .. import __version__
+from ..core import __version__
 from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding
 from .check import finding_message
 from .github import finding_location, gate_message, improvement_message

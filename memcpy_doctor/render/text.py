@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
-from ..paths import short_path
-from ..trace import CopyRecord, EventRow, OpRef, Site, Trace
+from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
+from ..core.paths import format_site
+from ..core.trace import CopyRecord, EventRow, OpRef, Trace
 
 _RULE = "-" * 25
 _SORT_WORDS = {"calls": "number of calls", "total": "total time", "max": "maximum time",
@@ -21,10 +21,6 @@ def _banner(title: str) -> str:
 
 def _pct(part: int, whole: int) -> str:
     return f"{(part / whole * 100 if whole else 0.0):.6g}%"
-
-
-def format_site(site: Site | None, cwd: str | None = None) -> str:
-    return "?" if site is None else f"{short_path(site.file, cwd)}:{site.line}"
 
 
 def format_ref(ref: OpRef | None, cwd: str | None = None) -> str:

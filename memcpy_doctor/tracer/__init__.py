@@ -22,16 +22,18 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..analysis.costmodel import DeviceProfile, load_profile
-from ..analysis.summary import summarize
-from ..defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
-from ..trace import Meta, Trace
-from . import sim as _sim
+from ..core import __version__
+from ..core.costmodel import DeviceProfile, load_profile
+from ..core.summary import summarize
+from ..core.defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
+from ..core.guardstate import inside_guard
+from ..core.trace import Meta, Trace
+from .sim import marks as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
 from .cuda import CudaTimer, SyncHooks, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
-from .simdevice import SimDevice
+from .sim.device import SimDevice
 from .state import TraceState
 
 _active_lock = threading.Lock()
@@ -101,7 +103,6 @@ class Tracer:
         self._thread_states: dict[int, TraceState] = {}
 
     def start(self) -> Tracer:
-        from ..guard import inside_guard
         if inside_guard():
             raise RuntimeError("start the memcpy-doctor tracer outside device_guard blocks "
                                "(a guard opened first would not see the simulated device)")
@@ -248,7 +249,7 @@ class Tracer:
             device_name=self.profile.name if simulated else torch.cuda.get_device_name(),
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
-            memcpy_doctor_version=_version())
+            memcpy_doctor_version=__version__)
         if col.transfers_dropped:
             meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
                                  f"first {len(col.transfers)} are counted but not logged")
@@ -281,6 +282,3 @@ def _traced_start(tracer: Tracer) -> Any:
     return start
 
 
-def _version() -> str:
-    from .. import __version__
-    return __version__

@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from ..defaults import OP_TIMES_FOLD_AT
-from ..trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
+from ..core.defaults import OP_TIMES_FOLD_AT
+from ..core.trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
                      TransferRecord, WaitRecord)
 from .chrome import ChromeLog
 from .producers import ProducerTable

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._torch_private import gpu_trace
+from ..core.torch_private import gpu_trace
 from .optable import op_info
 
 #: Pending event pairs checked for completion every this many ops.

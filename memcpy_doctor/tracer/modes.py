@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import torch
 
-from .._torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
+from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
                               dynamo_skip_frame)
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
-from .sim import printed_bytes
+from .sim.marks import printed_bytes
 from .sites import UNSET
 from .state import _NO_KWARGS, UNRESOLVED, TraceState
 

@@ -13,7 +13,7 @@ import torch
 
 from torch._ops import OpOverload
 
-from .._torch_private import flop_registry
+from ..core.torch_private import flop_registry
 
 #: Python-level calls that cause copies, by the trigger name a copy they cause is given.
 TRIGGERS: dict[Any, str] = {

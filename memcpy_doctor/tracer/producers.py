@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Sequence
 
-from ..defaults import PRODUCER_SWEEP_MIN
+from ..core.defaults import PRODUCER_SWEEP_MIN
 
 
 class _Entry(weakref.ref):

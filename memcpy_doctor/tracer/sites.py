@@ -22,19 +22,13 @@ import sys
 from types import CodeType, FrameType
 from typing import Any
 
-import torch
 
-from ..defaults import MAX_STACK_FRAMES
-from ..trace import Site
+from ..core.defaults import MAX_STACK_FRAMES
+from ..core.paths import is_internal_file
+from ..core.trace import Site
 
-_INTERNAL_ROOTS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (torch, sys.modules[__name__.split(".")[0]])
-)
 #: Frames of the interpreter's own machinery that run a script (runpy) are never user code.
 _SCRIPT_BOUNDARY = ("<frozen runpy>", runpy.__file__)
-_INTERNAL_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
-                   "<frozen importlib._bootstrap_external>")
 
 _getframe = sys._getframe
 
@@ -42,13 +36,6 @@ _getframe = sys._getframe
 BOUNDARY = object()
 #: A boundary call's site before an op inside it asked for it.
 UNSET = object()
-
-
-def is_internal_file(name: str) -> bool:
-    """Code of torch, of this package or of the import machinery: never a user site."""
-    if name.startswith("<"):
-        return name in _INTERNAL_FILES
-    return os.path.abspath(name).startswith(_INTERNAL_ROOTS)
 
 
 class SiteResolver:

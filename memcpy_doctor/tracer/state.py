@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from .._torch_private import ENGINE_RUN_BACKWARD, set_eval_frame
-from ..analysis.costmodel import DeviceProfile, Timeline
+from ..core.torch_private import ENGINE_RUN_BACKWARD, set_eval_frame
+from ..core.costmodel import DeviceProfile, Timeline
 from .collector import Collector, OpAgg
 from .optable import (DTYPE_CLASS, OP_INFO, SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask,
                       op_info)
-from .sim import NO_STORAGE
+from .sim.marks import NO_STORAGE
 from .sites import SiteResolver
 
 Tensor = torch.Tensor

@@ -28,8 +28,8 @@ from fractions import Fraction
 from time import perf_counter_ns
 from typing import Any, Callable, Iterable
 
-from .analysis.costmodel import DeviceProfile, available_profiles, load_profile
-from .defaults import (CALIBRATE_COPY_SIZES, CALIBRATE_COPY_SIZES_QUICK, CALIBRATE_REPEATS,
+from ..core.costmodel import DeviceProfile, available_profiles, load_profile
+from ..core.defaults import (CALIBRATE_COPY_SIZES, CALIBRATE_COPY_SIZES_QUICK, CALIBRATE_REPEATS,
                        CALIBRATE_REPEATS_QUICK, DEFAULT_CALIBRATED_PROFILE,
                        DEFAULT_DEVICE_PROFILE)
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .analysis.edits import statement_span
+from ..analysis.edits import statement_span
 
 
 class ApplyError(Exception):

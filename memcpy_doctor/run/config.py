@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analysis.gates import GateError, METRICS, parse_threshold, parse_tolerance
+from ..analysis.gates import GateError, METRICS, parse_threshold, parse_tolerance
 
 
 @dataclass

@@ -42,7 +42,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.nn.modules import module as _nn_module
-from ._torch_private import TorchFunctionMode, _device_constructors, _parse_to
+from ..core.guardstate import GUARD_DEPTH, inside_guard
+from ..core.torch_private import TorchFunctionMode, _device_constructors, _parse_to
 
 Tensor = torch.Tensor
 
@@ -202,20 +203,15 @@ def _written(call: _Call, args: tuple, kwargs: dict) -> list[Tensor]:
 
 
 class _ThreadState(threading.local):
-    """Per thread, as torch's mode stack is: guard modes now entered, guard blocks now open."""
+    """Per thread, as torch's mode stack is: guard blocks now open (the modes entered are counted
+    in core.guardstate)."""
 
     def __init__(self) -> None:
-        self.depth = 0  # guard modes entered (guard blocks and guarded forwards)
         self.busy = False  # a guard is running a call: the guards below it stand aside
         self.entries: list[_Entry] = []  # guard blocks open, innermost last
 
 
 _thread = _ThreadState()
-
-
-def inside_guard() -> bool:
-    """Whether a device_guard mode is active in this thread."""
-    return _thread.depth > 0
 
 
 class _GuardMode(TorchFunctionMode):
@@ -230,11 +226,11 @@ class _GuardMode(TorchFunctionMode):
 
     def __enter__(self) -> _GuardMode:
         super().__enter__()
-        _thread.depth += 1
+        GUARD_DEPTH.depth += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _thread.depth -= 1
+        GUARD_DEPTH.depth -= 1
         super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
@@ -380,7 +376,7 @@ class _GuardedForward(_InstanceMethod):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         forward = self._bound()
         home = None
-        if _thread.depth == 0:
+        if not inside_guard():
             first = _first_tensor(args, kwargs)
             home = first.device if first is not None else None
         with _GuardMode(self.device):

@@ -14,10 +14,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .._torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
-from .optable import DATA_FACTORIES
-from .sim import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
-from .state import TraceState, tensors_in, tensors_out
+from ...core.torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
+from ..optable import DATA_FACTORIES
+from .marks import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
+from ..state import TraceState, tensors_in, tensors_out
 
 Tensor = torch.Tensor
 

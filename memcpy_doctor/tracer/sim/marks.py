@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..analysis.costmodel import DeviceProfile
-from ..defaults import PRINT_EDGEITEMS, PRINT_THRESHOLD
+from ...core.costmodel import DeviceProfile
+from ...core.defaults import PRINT_EDGEITEMS, PRINT_THRESHOLD
 
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")

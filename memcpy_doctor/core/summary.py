@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trace import CopyRecord, EventRow, MemcpyFigure, Summary
+from .trace import CopyRecord, EventRow, MemcpyFigure, Summary
 
 
 def summarize(total_ns: int, events: list[EventRow], copies: list[CopyRecord],

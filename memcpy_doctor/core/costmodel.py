@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from ..defaults import DEFAULT_DEVICE_PROFILE
+from .defaults import DEFAULT_DEVICE_PROFILE
 
 
 class ProfileError(Exception):
@@ -97,7 +97,7 @@ def load_profile(name_or_path: str | None = None) -> DeviceProfile:
         except (OSError, ValueError) as e:
             raise ProfileError(f"{name}: cannot read device profile ({e})") from None
     try:
-        text = resources.files("memcpy_doctor.profiles").joinpath(f"{name}.json").read_text()
+        text = resources.files("memcpy_doctor.core.profiles").joinpath(f"{name}.json").read_text()
     except FileNotFoundError:
         raise ProfileError(
             f"no device profile named {name!r}; shipped: {', '.join(available_profiles())}"
@@ -113,7 +113,7 @@ def profile_of(trace: Any) -> DeviceProfile:
 
 
 def available_profiles() -> list[str]:
-    root = resources.files("memcpy_doctor.profiles")
+    root = resources.files("memcpy_doctor.core.profiles")
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
 
 

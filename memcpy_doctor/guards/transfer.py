@@ -46,14 +46,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, TypeVar
 
-from .defaults import DEFAULT_DEVICE
-from .paths import short_path
+from ..core.defaults import DEFAULT_DEVICE
+from ..core.paths import format_site
+from ..core.trace import DIRECTIONS
+from ..core.units import format_value
 
 #: The levels, from least to most strict.
 LEVELS = ("allow", "log", "disallow", "disallow_explicit")
 
 #: Copy directions, as the tracer names them.
-DIRECTIONS = ("HtoD", "DtoH", "DtoD")
 
 #: Triggers of copies the user's code asks for by name (see the module docstring).
 EXPLICIT_TRIGGERS = frozenset({"to", "cuda", "cpu", "copy_", "factory", "backward"})
@@ -120,7 +121,6 @@ def parse_levels(level: str | Mapping[str, str],
 
 def describe(event: Any, cwd: str | None = None) -> str:
     """One copy in words: `trigger` direction, sync or not, bytes, dtype and shape, site."""
-    from .analysis.gates import format_value
     kind = "explicit" if is_explicit(event.trigger) else "implicit"
     mode = "sync" if event.sync else "async"
     tensor = ""
@@ -128,13 +128,8 @@ def describe(event: Any, cwd: str | None = None) -> str:
         shape = "" if event.shape is None else f" of shape {tuple(event.shape)}"
         tensor = f", {event.dtype or 'a'} tensor{shape}"
     return (f"{kind} {event.direction} copy `{event.trigger}` ({mode}), "
-            f"{format_value('bytes', event.nbytes)}{tensor} at {site_text(event.site, cwd)}")
-
-
-def site_text(site: Any, cwd: str | None = None) -> str:
-    if site is None:
-        return "<no user frame>"
-    return f"{short_path(site.file, cwd)}:{site.line}"
+            f"{format_value('bytes', event.nbytes)}{tensor} at "
+            f"{format_site(event.site, cwd, missing='<no user frame>')}")
 
 
 def _owner(direction: str) -> _Entry | None:
@@ -212,7 +207,7 @@ class transfer_guard:  # noqa: N801  (a context manager named like the function 
         return f"transfer_guard({self.levels!r})"
 
     def __enter__(self) -> transfer_guard:
-        from .tracer import Tracer, active_tracer
+        from ..tracer import Tracer, active_tracer
         tracer = active_tracer()
         owned = tracer is None
         if owned:

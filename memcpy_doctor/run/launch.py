@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .defaults import EXIT_SIGNAL_BASE, HANDLED_SIGNALS, RANKS_GRACE_S
+from ..core.defaults import EXIT_SIGNAL_BASE, HANDLED_SIGNALS, RANKS_GRACE_S
 
 #: How often the ranks are polled, in seconds.
 _POLL_S = 0.02

@@ -31,17 +31,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-import torch
 
 from .apply import GuardEdit, apply_edits
-from .defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS,
+from ..core.defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS,
                        SIGNAL_DEFER_MAX_S, SIGNAL_RETRY_S)
 from .rankenv import RankInfo
-from .trace import Trace
-from .tracer import Tracer
+from ..core.paths import is_package_file, is_torch_file
+from ..core.trace import Trace
+from ..tracer import Tracer
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 #: os._exit as Python has it, before _hard_exit_hook replaces it during a run.
 _REAL_EXIT = os._exit
 
@@ -154,10 +152,10 @@ def _warnings_at_user_lines() -> Iterator[None]:
 
     def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
              line: str | None = None) -> None:
-        if _is_ours(filename):
+        if is_package_file(filename):
             frame = sys._getframe(1)
-            while frame is not None and (_is_ours(frame.f_code.co_filename)
-                                         or _is_torch(frame.f_code.co_filename)
+            while frame is not None and (is_package_file(frame.f_code.co_filename)
+                                         or is_torch_file(frame.f_code.co_filename)
                                          or frame.f_code.co_filename == warnings.__file__):
                 frame = frame.f_back
             if frame is not None:
@@ -276,23 +274,15 @@ def _inside_tracer(frame: types.FrameType | None) -> bool:
         code = frame.f_code
         if code is run_script.__code__:
             return False
-        if _is_ours(code.co_filename):
+        if is_package_file(code.co_filename):
             return True
         frame = frame.f_back
     return False
 
 
-def _is_torch(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_TORCH_DIR)
-
-
 #: Frames of torch's mode machinery that lead into the tracer's own handlers.
 _PLUMBING = ("torch/overrides.py", "torch/_compile.py", "torch/_dynamo/", "torch/_ops.py",
              "torch/utils/_python_dispatch.py")
-
-
-def _is_ours(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
 
 
 def format_exception(exc: BaseException, script: str) -> str:
@@ -303,7 +293,7 @@ def format_exception(exc: BaseException, script: str) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     start = next((i for i, f in enumerate(frames) if os.path.abspath(f.filename) == path), 0)
     frames = frames[start:]
-    cut = next((i for i, f in enumerate(frames) if _is_ours(f.filename)), None)
+    cut = next((i for i, f in enumerate(frames) if is_package_file(f.filename)), None)
     if cut is not None:
         frames = frames[:cut]
         while frames and any(p in frames[-1].filename.replace(os.sep, "/") for p in _PLUMBING):

@@ -1,0 +1,55 @@
+"""Paths as the user sees them, and whose code a file is: the user's, torch's or this package's.
+
+One place decides "is this frame torch's or ours" for the tracer's call sites, the runner's
+tracebacks and its signal handling.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+#: This package's directory and torch's, each with a trailing separator.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+#: Pseudo-files of the interpreter's machinery that runs a script or imports a module.
+_INTERNAL_PSEUDO_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
+                          "<frozen importlib._bootstrap_external>")
+
+
+def short_path(path: str, cwd: str | None = None) -> str:
+    """`path` relative to `cwd` (default: the working directory) when it lies below it;
+    pseudo-files such as "<stdin>" and paths elsewhere stay as they are."""
+    if path.startswith("<"):
+        return path
+    cwd = cwd or os.getcwd()
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def format_site(site: Any, cwd: str | None = None, missing: str = "?") -> str:
+    """A call site as `file:line`, its file shown as `short_path` shows it; `missing` for
+    none."""
+    return missing if site is None else f"{short_path(site.file, cwd)}:{site.line}"
+
+
+def is_package_file(name: str) -> bool:
+    """Code of this package."""
+    return os.path.abspath(name).startswith(PACKAGE_DIR)
+
+
+def is_torch_file(name: str) -> bool:
+    """Code of torch."""
+    return os.path.abspath(name).startswith(TORCH_DIR)
+
+
+def is_internal_file(name: str) -> bool:
+    """Code of torch, of this package or of the import machinery: never a user site."""
+    if name.startswith("<"):
+        return name in _INTERNAL_PSEUDO_FILES
+    return os.path.abspath(name).startswith((TORCH_DIR, PACKAGE_DIR))
