@@ -1,4 +1,4 @@
-"""Embedding -> L2 normalize -> MSE loss -> SGD step (origin example 1).
+"""Embedding -> L2 normalize -> MSE loss -> SGD step (docs/paddle-report.md, example 1).
 
 The model is an ``nn.Embedding(vocab, 150)`` looked up with a single int64 id
 (128), L2-normalized along the last dimension, compared with a [1, 150] label

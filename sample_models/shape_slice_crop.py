@@ -1,4 +1,4 @@
-"""Shape -> slice -> crop -> fetch: a PyTorch port of a small Paddle program (origin.md, example 2).
+"""Shape -> slice -> crop -> fetch: a PyTorch port of Paddle example 2 (docs/paddle-report.md).
 
 The Paddle original::
 

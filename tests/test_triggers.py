@@ -1,4 +1,4 @@
-"""Every row of ../shared/design/cuda-semantics.md on the simulated GPU: each copy at the right
+"""The rows of docs/cuda-semantics.md on the simulated GPU: each copy at the right
 line, with the right direction, sync flag and trigger, and nothing else reported."""
 
 from __future__ import annotations

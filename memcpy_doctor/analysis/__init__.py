@@ -1,2 +1,3 @@
-"""Pure functions over traces: summary figures, the cost model, attribution, rules, placement
-and gates."""
+"""Pure functions and rule classes over traces: attribution, rules and their suggestions,
+placement, gates, and comparisons of two traces or of a run's ranks. The summary figures and
+the cost model they use are in core/."""
