@@ -6,7 +6,6 @@ them); the real GPU end to end is cuda-marked."""
 from __future__ import annotations
 
 import threading
-import types
 
 import pytest
 import torch
@@ -15,7 +14,8 @@ import memcpy_doctor
 from memcpy_doctor.core.torch_private import gpu_trace
 from memcpy_doctor.core.costmodel import load_profile
 from memcpy_doctor.tracer import cuda as tcuda
-from memcpy_doctor.tracer.cuda import SyncHooks, waiting_op
+from memcpy_doctor.tracer.cuda import SyncHooks, records_waits
+from memcpy_doctor.tracer.optable import op_info
 from memcpy_doctor.tracer.state import TraceState
 
 aten = torch.ops.aten
@@ -26,6 +26,8 @@ REGISTRIES = ("StreamSynchronizationCallbacks", "DeviceSynchronizationCallbacks"
 class FakeState:
     def __init__(self) -> None:
         self.suspended = False
+        self.recording = 0
+        self.running_op = None
         self.waits: list[tuple[str, int]] = []
 
     def host_wait(self, kind: str, measured_ns: int = 0) -> None:
@@ -90,25 +92,8 @@ def test_the_drain_firing_the_callback_again_is_one_wait():
 
 
 # ----- which waits the tracer already records -----
-
-def frame(file: str, name: str, back=None, **local_vars):
-    """A stand-in for a Python frame: waiting_op reads only these attributes."""
-    code = types.SimpleNamespace(co_filename=file, co_name=name)
-    return types.SimpleNamespace(f_code=code, f_back=back, f_locals=local_vars)
-
-
-def tracer_file(name: str) -> str:
-    return f"{tcuda._TRACER_DIR}/{name}"
-
-
-USER = frame("/work/proj/train.py", "train_step")
-FUNCTION_MODE = frame(tracer_file("modes.py"), "__torch_function__", USER)
-
-
-def dispatch_of(func, back=FUNCTION_MODE):
-    mode = frame(tracer_file("modes.py"), "__torch_dispatch__", back)
-    return frame(tracer_file("state.py"), "dispatch", mode, self=None, func=func)
-
+# The tracer says so itself: TraceState.recording while it runs a copy or wait it records,
+# TraceState.running_op while the real GPU's per-op path runs an op. No frame names.
 
 @pytest.mark.parametrize("func, recorded, op", [
     (aten.nonzero.default, True, "aten::nonzero"),  # a copy the tracer records (DtoH count)
@@ -118,49 +103,71 @@ def dispatch_of(func, back=FUNCTION_MODE):
     (aten.mm.default, False, "aten::mm"),  # no copy: a wait inside it is the hook's
 ])
 def test_a_wait_inside_an_op(func, recorded, op):
-    torch_internals = frame("/site-packages/torch/_ops.py", "__call__", dispatch_of(func))
-    assert waiting_op(torch_internals) == (recorded, op)
+    state, drained = FakeState(), []
+    state.running_op = op_info(func)
+    hooks_with(state, drained).on_stream_sync(1)
+    assert records_waits(op_info(func)) is recorded
+    assert [kind for kind, _ in state.waits] == ([] if recorded else
+                                                  [f"stream_synchronize in {op}"])
 
 
-@pytest.mark.parametrize("file, name", [
-    ("cuda.py", "wrapper"),  # torch.cuda.synchronize(), Stream/Event.synchronize, patched
-    ("state.py", "_real_copy"),
-    ("state.py", "sync_copy"),
-    ("modes.py", "read_back"),  # print(t) on a real GPU
-])
-def test_a_wait_the_tracer_records_itself(file, name):
-    inner = frame("/site-packages/torch/cuda/__init__.py", "synchronize",
-                  frame(tracer_file(file), name, dispatch_of(aten.mm.default)))
-    assert waiting_op(inner) == (True, None)
+def test_a_wait_the_tracer_records_itself():
+    # the patched waits, a real GPU's copies and print(t) run their call through
+    # TraceState.run_recorded: a CUDA sync inside it is theirs
+    state = TraceState(load_profile(), None, None)
+    hooks = hooks_with(state, [])
+    assert state.run_recorded(lambda x: hooks.on_stream_sync(x) or "done", (4,), {}) == "done"
+    assert state.collector.wait_records() == [] and state.recording == 0
+    hooks.on_stream_sync(4)  # and after it, a wait is the hook's again
+    assert [w.kind for w in state.collector.wait_records()] == ["stream_synchronize"]
+
+
+def test_run_recorded_is_undone_on_error():
+    state = TraceState(load_profile(), None, None)
+    with pytest.raises(ZeroDivisionError):
+        state.run_recorded(lambda: 1 / 0, (), {})
+    assert state.recording == 0
+
+
+def test_a_patched_wait_is_one_wait(monkeypatch):
+    # torch.cuda.synchronize(), patched by the tracer, fires CUDA's callback inside: one wait
+    state = TraceState(load_profile(), None, None)
+    hooks = hooks_with(state, [])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: hooks.on_device_sync())
+    (wrapper,) = [w for owner, name, w in tcuda.wait_patches(lambda: state)
+                  if owner is torch.cuda and name == "synchronize"]
+    wrapper()
+    assert [w.kind for w in state.collector.wait_records()] == ["synchronize"]
 
 
 def test_a_wait_outside_any_op():
-    # torch._C._cuda_synchronize() called by a library: no tracer frame at all
-    assert waiting_op(frame("/site-packages/lib.py", "flush", USER)) == (False, None)
-    assert waiting_op(FUNCTION_MODE) == (False, None)
+    # torch._C._cuda_synchronize() called by a library: no op running, nothing recording
+    state, drained = FakeState(), []
+    hooks_with(state, drained).on_device_sync()
+    assert [kind for kind, _ in state.waits] == ["synchronize"] and drained == [("device",)]
 
 
-def test_the_innermost_tracer_frame_decides():
-    # an op without a copy, run inside a recorded copy (a copy's own kernels): recorded
-    inner_mm = dispatch_of(aten.mm.default,
-                           back=frame(tracer_file("state.py"), "_real_copy", FUNCTION_MODE))
-    assert waiting_op(inner_mm) == (False, "aten::mm")
-    assert waiting_op(dispatch_of(aten.nonzero.default, back=inner_mm)) == (True,
-                                                                          "aten::nonzero")
+def test_a_wait_inside_a_recorded_copy_is_not_reported_by_an_op_inside_it():
+    state, drained = FakeState(), []
+    state.recording = 1
+    state.running_op = op_info(aten.mm.default)
+    hooks_with(state, drained).on_stream_sync(1)
+    assert state.waits == [] and drained == []
 
 
 def test_a_wait_inside_an_unlisted_op_is_named_after_it():
-    state, drained = FakeState(), []
-    hooks = hooks_with(state, drained)
-
-    def dispatch(self, func, args, kwargs):  # the shape of TraceState.dispatch
-        hooks.on_stream_sync(3)
-
-    # Run a function whose code object claims to be state.py's dispatch, as the real one is.
-    code = dispatch.__code__.replace(co_filename=tracer_file("state.py"), co_name="dispatch")
-    types.FunctionType(code, globals(), None, None, dispatch.__closure__)(
-        None, aten.mm.default, (), {})
-    assert state.waits[0][0] == "stream_synchronize in aten::mm"
+    # The real GPU's per-op path (tracer/cuda.py gpu_op) runs a custom op whose kernel
+    # synchronizes, as a C++ op nobody listed would; run here on host tensors.
+    state = TraceState(load_profile(), None, tcuda.CudaTimer())
+    hooks = hooks_with(state, [])
+    lib = torch.library.Library("mdsynctest", "FRAGMENT")
+    lib.define("waits(Tensor x) -> Tensor")
+    lib.impl("waits", lambda x: hooks.on_stream_sync(3) or x.clone(), "CompositeExplicitAutograd")
+    run = tcuda.gpu_op(state, lambda *a: None)
+    out = run(torch.ops.mdsynctest.waits.default, (torch.ones(2),), {})
+    assert out.tolist() == [1.0, 1.0] and state.running_op is None
+    assert [w.kind for w in state.collector.wait_records()] == [
+        "stream_synchronize in mdsynctest::waits"]
 
 
 # ----- on a real TraceState: the user's line -----

@@ -73,10 +73,17 @@ class DeviceProfile:
         d["compute_capability"] = list(self.compute_capability)
         return d
 
-    def kernel_ns(self, flops: float, nbytes: int, dtype_name: str) -> int:
-        """Modeled device time of one kernel."""
-        peak = self.peak_flops.get(dtype_name) or self.peak_flops["other"]
-        return self.kernel_min_ns + round(max(flops / peak, nbytes / self.memory_bandwidth) * 1e9)
+    def kernel_ns(self, flops: float, nbytes: int, dtype_name: str | None) -> int:
+        """Modeled device time of one kernel: a roofline over its FLOPs (at the peak of
+        `dtype_name`, needed only with FLOPs) and the bytes it moves."""
+        seconds = nbytes / self.memory_bandwidth
+        if flops:
+            compute = flops / (self.peak_flops.get(dtype_name) or self.peak_flops["other"])
+            if compute > seconds:
+                seconds = compute
+        # (no builtin max() here or in Timeline: on the tracer's per-op path, which calls
+        # these for every simulated kernel, it costs more than the rest of the formula)
+        return self.kernel_min_ns + round(seconds * 1e9)
 
     def copy_ns(self, direction: str, nbytes: int, pinned: bool | None) -> int:
         """Modeled device time of one transfer (DMA setup plus bytes over the link);
@@ -137,8 +144,9 @@ class Timeline:
 
     def enqueue(self, launch_ns: int, device_ns: int) -> int:
         """A kernel or an async copy: the host pays the launch; the device runs it when free."""
-        self.host_ns += launch_ns
-        self.device_ns = max(self.host_ns, self.device_ns) + device_ns
+        host = self.host_ns = self.host_ns + launch_ns
+        start = self.device_ns
+        self.device_ns = (host if host > start else start) + device_ns
         return launch_ns
 
     def staged(self, launch_ns: int, device_ns: int) -> int:

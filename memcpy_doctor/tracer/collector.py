@@ -53,7 +53,7 @@ NO_CALL_YET = 1 << 62
 class OpAgg:
     """One (op, device, site) being filled; `ref` is what copies name as producer/consumer.
 
-    The per-op path (TraceState.dispatcher) updates the counters in place; the Event
+    The per-op path (tracer/perop.py) updates the counters in place; the Event
     Summary row of the op is folded from its OpAggs at the end. `flows_in` holds, by the
     producing OpAgg (hashed by identity), the op graph's edges into this op: [reads, bytes]
     (filled by ProducerTable.read). A call whose time is the host's lands in `times` first,
@@ -62,7 +62,8 @@ class OpAgg:
     """
 
     __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",
-                 "bytes", "min_ns", "max_ns", "flows_in", "times", "kernel_times", "launch_ns")
+                 "bytes", "min_ns", "max_ns", "flows_in", "times", "kernel_times", "launch_ns",
+                 "model_bytes", "model_flops", "model_dtype", "model_ns")
 
     #: the length at which the per-op path folds `times` or `kernel_times`
     FOLD_AT = OP_TIMES_FOLD_AT
@@ -87,6 +88,12 @@ class OpAgg:
         #: added to run_ns as it happens)
         self.kernel_times: list[int] = []
         self.launch_ns = 0
+        #: the bytes, FLOPs and dtype class of the last simulated kernel, and its modeled
+        #: time: the calls of one op at one line most often repeat them, and the per-op path
+        #: then reuses the time rather than calling the cost model again (a pure function)
+        self.model_bytes = self.model_flops = -1
+        self.model_dtype: str | None = None
+        self.model_ns = 0
 
     def fold(self) -> None:
         """Add the calls in `times` and `kernel_times` to the counters."""
@@ -209,7 +216,7 @@ class Collector:
     def new_op(self, key: tuple[str, str, int, str | None], name: str, device: str,
                site: Site | None) -> OpAgg:
         """The aggregate of an op first seen at `key`: (name, device, id(site), thread). The
-        per-op path (TraceState.dispatcher) looks aggregates up and updates them itself."""
+        per-op path (tracer/perop.py) looks aggregates up and updates them itself."""
         event = self.op_events.get(name)
         if event is None:
             event = self.op_events[name] = self.events[name] = EventAgg()

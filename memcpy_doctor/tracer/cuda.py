@@ -1,4 +1,9 @@
-"""The real GPU: device time per op and per copy from CUDA events, host waits measured.
+"""The real GPU: its steps of the per-op path, device time per op and per copy from CUDA
+events, host waits measured.
+
+`gpu_op` runs an op on a real GPU inside the per-op path's guard (tracer/perop.py): a copy
+between devices is recorded as a copy (`real_copy`), any other op is timed by CUDA events
+when it has device work and recorded by the shared last steps.
 
 Events are taken from a pool and resolved without blocking the program: pending pairs are
 read back once they have completed (checked every few hundred ops and at every host wait),
@@ -9,16 +14,17 @@ CUDA's own synchronization callbacks (`SyncHooks`) catch the waits inside C++ op
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..core.torch_private import gpu_trace
-from .optable import op_info
+from .optable import OP_INFO, OpInfo, op_info
+from .state import UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out, with_kwarg_tensors
+
+Tensor = torch.Tensor
 
 #: Pending event pairs checked for completion every this many ops.
 _POLL_EVERY = 256
@@ -80,7 +86,7 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
             if state.suspended:
                 return original(*args, **kwargs)
             t0 = perf_counter_ns()
-            result = original(*args, **kwargs)
+            result = state.run_recorded(original, args, kwargs)
             state.host_wait(kind, perf_counter_ns() - t0)
             if state.timer is not None:
                 state.timer.poll()
@@ -97,38 +103,102 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
     ]
 
 
-#: Tracer functions that record the copy or wait they are in the middle of: a CUDA sync below
-#: them is theirs. Keyed by (file, function name), so a refactor inside them needs no change.
-_TRACER_DIR = os.path.dirname(os.path.abspath(__file__))
-#: (The wait wrappers below, the real copy path and sync copies of state.py, and the print
-#: handler of modes.py, which reads a tensor back under torch's own mode-free formatting.)
-_RECORDING = {("cuda.py", "wrapper"), ("state.py", "_real_copy"), ("state.py", "sync_copy"),
-              ("modes.py", "read_back")}
+def records_waits(info: OpInfo) -> bool:
+    """Whether the tracer records the host waits of the op `info` as copies: a copy between
+    devices, or an op that reads device data back (item, nonzero, a masked index, ...).
+    Any other op that waits (a C++ op nobody listed) is not recorded by the per-op path."""
+    return info.reads or info.short in _COPY_OPS
 
 
-def waiting_op(frame: Any) -> tuple[bool, str | None]:
-    """Whether a CUDA wait seen at `frame` is already recorded by the tracer, and the aten op
-    it happens in (if any). The innermost tracer frame on the stack decides: a copy, a wait
-    wrapper or a print handler records its own wait; `TraceState.dispatch` does when its op
-    is one the tracer records as a copy (item, nonzero, masked index, ...). Any other op that
-    waits (a C++ op nobody listed) is not recorded yet: the hook reports it."""
-    while frame is not None:
-        code = frame.f_code
-        where = os.path.dirname(code.co_filename)
-        if where == _TRACER_DIR:
-            key = (os.path.basename(code.co_filename), code.co_name)
-            if key in _RECORDING:
-                return True, None
-            if key == ("state.py", "dispatch"):
-                func = frame.f_locals.get("func")
-                if func is None:
-                    return False, None
-                info = op_info(func)
-                recorded = (info.sync is not None or info.index or info.repeat_interleave_tensor
-                            or info.short in ("_to_copy", "copy_"))
-                return recorded, info.name
-        frame = frame.f_back
-    return False, None
+#: The ops a real GPU's copies between devices run as.
+_COPY_OPS = ("_to_copy", "copy_")
+
+
+def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]:
+    """The real GPU's steps of the per-op path for `state`: `run(func, args, kwargs)` runs one
+    aten op and records it with `record` (tracer/perop.py's `recorder`), inside the per-op
+    path's guard. An op with device work is timed by CUDA events around it."""
+    timer = state.timer
+
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        info = OP_INFO.get(id(func)) or op_info(func)
+        ins = args if all(isinstance(a, Tensor) for a in args) else tensor_args(args)
+        if kwargs:
+            ins = with_kwarg_tensors(ins, kwargs)
+        dev_in = [t.is_cuda for t in ins]
+        any_dev = True in dev_in
+        to_cuda = names_cuda(kwargs.get("device"))  # .to("cuda") of a host tensor, a factory
+        if info.short in _COPY_OPS and (any_dev or to_cuda):
+            copied = real_copy(state, info, func, args, kwargs)
+            if copied is not None:
+                return copied[0]
+        site = state.call_site
+        if site is UNRESOLVED:
+            site = state.op_site(3)
+        mark = timer.begin() if any_dev or (not ins and to_cuda) else None
+        prev, state.running_op = state.running_op, info
+        t0 = perf_counter_ns()
+        try:
+            out = info.call(*args, **kwargs)
+        finally:
+            state.running_op = prev
+        host_ns = perf_counter_ns() - t0
+        outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
+        if any_dev:
+            device = f"cuda:{ins[dev_in.index(True)].get_device()}"
+        elif outs and outs[0].is_cuda:
+            device = f"cuda:{outs[0].get_device()}"
+        else:
+            device = "cpu"
+        agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site, host_ns)
+        if mark is not None:  # the op's device time, from its events once they are read
+            if agg is not None:
+                timer.end(mark, agg, host_ns)
+            else:
+                timer.cancel(mark)  # the op is a copy: its time is the copy's
+        return out
+
+    return run
+
+
+def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
+              kwargs: dict) -> tuple[Any] | None:
+    """A real GPU's copy between devices (`_to_copy` or `copy_`), run and recorded as a copy
+    rather than an op; None if the op copies within one device (then it is an op)."""
+    if info.short == "_to_copy":
+        src = args[0]
+        target = kwargs.get("device")
+        if target is None or target == src.device:
+            return None
+        dst_cuda = target.type == "cuda"
+        non_blocking = bool(kwargs.get("non_blocking", False))
+    else:
+        dst, src = args[0], args[1]
+        if dst.device == src.device:
+            return None
+        dst_cuda = dst.is_cuda
+        non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    if src.is_cuda and dst_cuda:
+        direction, pinned = "DtoD", None
+    elif dst_cuda:
+        direction, pinned = "HtoD", src.is_pinned()
+    else:
+        direction, pinned = "DtoH", non_blocking
+    sync = not non_blocking or (direction == "DtoH" and info.short == "copy_"
+                                and not args[0].is_pinned())
+    site = state.sites.resolve()
+    mark = state.timer.begin()
+    t0 = perf_counter_ns()
+    out = state.run_recorded(func, args, kwargs)
+    host_ns = perf_counter_ns() - t0
+    dst_t = out if isinstance(out, Tensor) else args[0]
+    trigger = state.trigger or ("to" if info.short == "_to_copy" else "copy_")
+    pending = state.record_copy(direction, sync, pinned, trigger, dst_t.nbytes, host_ns, 0,
+                                site, src, dst_t, src)
+    state.timer.end(mark, pending, host_ns)
+    state.collector.inherit_producer(dst_t, src)
+    state.returned()
+    return (out,)
 
 
 class SyncHooks:
@@ -138,7 +208,9 @@ class SyncHooks:
     A C++ op may call cudaStreamSynchronize on its own; PyTorch then fires the stream (device,
     event) synchronization callbacks, which land here, on the program's own stack, so the
     wait is recorded at the user's line, named after the op (`stream_synchronize in
-    aten::foo`). Waits the tracer records anyway are skipped (`waiting_op`).
+    aten::foo`). Waits the tracer records anyway are skipped: those inside a copy or wait
+    it records itself (`TraceState.recording`) and those of an op it records as a copy
+    (`TraceState.running_op`, `records_waits`).
 
     Stream and device waits are timed by draining that stream (device) first, which the
     program was about to do anyway; an event wait cannot be drained from its handle and is
@@ -170,9 +242,12 @@ class SyncHooks:
         state = self.state
         if state.suspended or self._busy or threading.get_ident() != self.thread:
             return
-        recorded, op = waiting_op(sys._getframe(2))
-        if recorded:
+        if state.recording:
             return
+        info = state.running_op
+        if info is not None and records_waits(info):
+            return
+        op = info.name if info is not None else None
         self._busy = True  # the drain syncs too, and fires these callbacks again
         state.suspended = True
         try:

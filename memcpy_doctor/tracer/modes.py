@@ -3,7 +3,7 @@
 The function mode sees Python-level calls (`t.item()`, `print(t)`, `.to("cuda")`): it names
 the trigger of the copies they cause and, on the simulated GPU, answers device questions and
 performs transfers. The dispatch mode sees every aten op, forward and backward, and hands it
-to `TraceState.dispatch`. While either is busy with the tracer's own work, torch function
+to the per-op path (tracer/perop.py). While either is busy with the tracer's own work, torch function
 handling is off, so the tracer never traces itself.
 """
 
@@ -20,12 +20,13 @@ from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_
                               dynamo_skip_frame)
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim.marks import printed_bytes
+from .perop import dispatcher
 from .sites import UNSET
 from .state import _NO_KWARGS, UNRESOLVED, TraceState
 
 
 class DispatchMode(TorchDispatchMode):
-    """Hands every aten op to its state's dispatcher (TraceState.dispatcher), which torch calls
+    """Hands every aten op to its state's per-op path (perop.dispatcher), which torch calls
     as this mode's `__torch_dispatch__`: torch looks the method up on the mode object (and
     checks that it is bound to it), so the closure, bound to the instance, is called with no
     Python frame in between.
@@ -43,7 +44,7 @@ class DispatchMode(TorchDispatchMode):
     def __init__(self, state: TraceState) -> None:
         super().__init__()
         self.state = state
-        dispatch = state.dispatcher()
+        dispatch = dispatcher(state)
         self.__torch_dispatch__ = types.MethodType(dispatch, self)
         dynamo_skip_frame(dispatch.__code__)
 
@@ -213,7 +214,7 @@ def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
                 state.trigger = prev
         site = state.sites.resolve()
         t0 = perf_counter_ns()
-        result = func(*args, **kwargs)
+        result = state.run_recorded(func, args, kwargs)
         state.sync_copy("DtoH", "print", printed_bytes(t), t, site, perf_counter_ns() - t0)
         state.returned()
         return result

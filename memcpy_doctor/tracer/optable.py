@@ -1,7 +1,7 @@
 """What each aten op means for copies: kernels, views, and the ops that make the host wait.
 
 Looked up by `func._overloadpacket` through `op_info()`, cached per overload, so the per-op
-path pays one dictionary lookup. The sync rules follow ../shared/design/cuda-semantics.md.
+path pays one dictionary lookup. The sync rules follow docs/cuda-semantics.md.
 """
 
 from __future__ import annotations
@@ -125,6 +125,8 @@ class OpInfo:
     kernel: bool  # launches device work (views and allocations do not)
     sync: Sync | None
     index: bool  # indexing: may read a mask or a host index tensor
+    #: may make the host wait for device data (sync, index or repeat_interleave_tensor)
+    reads: bool
     mixed_ok: bool
     repeat_interleave_tensor: bool  # sizes its output from a device tensor unless told
     flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
@@ -179,15 +181,18 @@ def op_info(func: Any) -> OpInfo:
         short = packet.__name__
         ns = func.namespace
         is_view = bool(getattr(func, "is_view", False))
+        sync = _SYNC.get(short)
+        repeat_interleave_tensor = (short == "repeat_interleave"
+                                    and func._overloadname.startswith("Tensor"))
         info = OpInfo(
             name=f"{ns}::{short}",
             short=short,
             kernel=not is_view and short not in _NO_KERNEL,
-            sync=_SYNC.get(short),
+            sync=sync,
             index=short in _INDEX_OPS,
+            reads=sync is not None or short in _INDEX_OPS or repeat_interleave_tensor,
             mixed_ok=short in MIXED_DEVICE_OK,
-            repeat_interleave_tensor=(short == "repeat_interleave"
-                                      and func._overloadname.startswith("Tensor")),
+            repeat_interleave_tensor=repeat_interleave_tensor,
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
             pass_through=short in _PASS_THROUGH,

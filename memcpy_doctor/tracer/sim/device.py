@@ -1,4 +1,4 @@
-"""The simulated GPU's answers to Python-level torch calls (see sim.py for the idea).
+"""The simulated GPU's answers to Python-level torch calls (see marks.py for the idea).
 
 Each handler takes (func, args, kwargs) from the function mode and does what a real GPU would:
 `.to("cuda")` copies into a fresh storage marked cuda and records the copy with its modeled
@@ -264,14 +264,10 @@ class SimDevice:
             sync, host_ns = False, tl.enqueue(profile.launch_ns, device_ns)
         else:  # non_blocking from pageable memory: async, but the host stages it
             sync, host_ns = False, tl.staged(profile.launch_ns, device_ns)
-        col = st.collector
-        producer = col.producer_of(src) if src is not None else None
-        col.copy(direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
-                 host_ns=host_ns, device_ns=device_ns, site=site, stack=st.sites.stack_at(site),
-                 producer=producer, dst=dst, shape=list(dst.shape),
-                 dtype=str(dst.dtype).replace("torch.", ""), thread=st.thread)
+        st.record_copy(direction, sync, pinned, trigger, nbytes, host_ns, device_ns, site, src,
+                       dst, dst)
         if src is not None:
-            col.inherit_producer(dst, src)
+            st.collector.inherit_producer(dst, src)
         st.returned()
 
     def _copy_(self, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -1,0 +1,211 @@
+"""The per-op path: what the dispatch mode runs for every aten op, forward and backward.
+
+It is the tracer's hot path (docs/benchmarks.md has what each part costs), so it is two
+closures over one run's state, with what stays fixed for the run bound once, and no Python
+call on the common path beyond the second closure:
+
+- `dispatcher` guards the op (no eval-frame callback, no torch function handling, nothing
+  while the tracer is suspended), then, on the simulated GPU (and for host tensors), runs its
+  first steps inline: the op's entry in the op table, its tensor inputs, which of them are
+  on the simulated device, its call site, the op itself (timed), and where its outputs live.
+  A real GPU's op goes to the real GPU's own steps (tracer/cuda.py, `gpu_op`) instead.
+- `recorder` makes the closure both paths end with: the aggregate of (op, device, site, thread),
+  the bytes the op read and wrote with the op-graph edges from their producers, its time
+  (the host's, a simulated kernel's modeled time, or CUDA events on a real GPU), and the
+  host waits the op makes when it reads device data (TraceState.reads_in_op).
+
+The guard: torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable (about
+a microsecond an op); the mode opts out (modes.DispatchMode) and `dispatch` does the same job
+in two C calls: no eval-frame callback runs the tracer's own code (the caller's is restored
+after). The tracer's own tensor reads must not reach a function mode or a subclass handler:
+DisableTorchFunction is entered only when `_has_torch_function` says one could see them
+(usually none can: the function mode is off while the call it handles runs).
+
+docs/architecture.md walks through these steps.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import torch
+
+from ..core.torch_private import set_eval_frame
+from .collector import OpAgg
+from .optable import DTYPE_CLASS, OP_INFO, op_info
+from .sim.marks import NO_STORAGE
+from .cuda import gpu_op
+from .state import (_NO_KWARGS, UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
+                    with_kwarg_tensors)
+
+Tensor = torch.Tensor
+
+_CPU = torch.device("cpu")
+_DisableTorchFunction = torch._C.DisableTorchFunction
+#: Whether a torch function mode is on the stack or an argument is a tensor subclass with its
+#: own __torch_function__ (see `dispatcher`).
+_has_torch_function = torch._C._has_torch_function
+
+
+def dispatcher(state: TraceState) -> Callable[..., Any]:
+    """The dispatch mode's `__torch_dispatch__` for `state`: runs one aten op, records it."""
+    sim, timeline, record = state.sim, state.timeline, recorder(state)
+    gpu = gpu_op(state, record) if sim is None else None
+    marks = sim.cuda_marks.refs if sim is not None else None
+    mark_new = sim.cuda_marks.add_new if sim is not None else None
+
+    def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
+                 kwargs: dict | None = None) -> Any:
+        prior = set_eval_frame(None)
+        disabled = None
+        try:
+            if kwargs is None:
+                kwargs = _NO_KWARGS
+            if state.suspended:
+                return func(*args, **kwargs)
+            if _has_torch_function(args):
+                disabled = _DisableTorchFunction()
+                disabled.__enter__()
+            if gpu is not None:
+                return gpu(func, args, kwargs)
+            timeline.host_ns += perf_counter_ns() - state.last_exit  # the program's own time
+            # 1. the op, and its tensor inputs (most often all its arguments)
+            info = OP_INFO.get(id(func)) or op_info(func)
+            for a in args:
+                if not isinstance(a, Tensor):
+                    ins = tensor_args(args)
+                    break
+            else:
+                ins = args
+            forced = state.forced  # a simulated factory's outputs: on cuda (True) or host
+            if kwargs:
+                ins = with_kwarg_tensors(ins, kwargs)
+                if names_cuda(kwargs.get("device")):  # a real cuda device reached an op
+                    if ins and info.short == "_to_copy":
+                        return sim.dispatch_transfer(func, args, kwargs)
+                    kwargs, forced = {**kwargs, "device": _CPU}, True  # built on the host
+            dev_in, any_dev = (), False  # 2. which inputs are on the simulated device
+            if marks:  # (none while no storage is marked)
+                dev_in = []
+                for t in ins:
+                    try:
+                        dev_in.append(id(t.untyped_storage()) in marks)
+                    except NO_STORAGE:
+                        dev_in.append(False)  # sparse, nested, storage-less: unmarked
+                any_dev = True in dev_in
+                if any_dev and False in dev_in and not info.mixed_ok and forced is None:
+                    sim.check_mixed(ins, dev_in)
+            # 3. the call site: set by the function mode for a call into C++, else found
+            site = state.call_site
+            if site is UNRESOLVED:
+                site = state.op_site(2)
+            # 4. the op itself
+            t0 = perf_counter_ns()
+            out = info.call(*args, **kwargs) if kwargs else info.call(*args)
+            host_ns = perf_counter_ns() - t0
+            outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
+            # 5. where the outputs live (a factory inside a composite op: where the inputs of
+            # the call it runs in are); a new storage made on the device is marked
+            on_device = forced if forced is not None else any_dev if ins else (
+                state.call_args is not None and sim.any_cuda(*state.call_args))
+            if on_device:
+                for o in outs:
+                    try:
+                        storage = o.untyped_storage()
+                    except NO_STORAGE:
+                        continue  # sparse, nested or storage-less tensors: unmarked
+                    if (key := id(storage)) not in marks:  # new: not a view, not in place
+                        mark_new(storage, key)
+            record(info, args, kwargs, ins, out, outs, dev_in, any_dev,
+                   "cuda:0" if on_device or any_dev else "cpu", site, host_ns)
+            state.last_exit = perf_counter_ns()
+            return out
+        finally:
+            if disabled is not None:
+                disabled.__exit__(None, None, None)
+            if prior is not None:  # (torch.compile's callback; most often none is set)
+                set_eval_frame(prior)
+
+    return dispatch
+
+
+def recorder(state: TraceState) -> Callable[..., None]:
+    """The last steps of both per-op paths: `record(...)` records one op that ran on `device`
+    in `host_ns` (`dev_in`: which inputs `ins` are on the device) and returns its aggregate.
+    An op that is itself a copy the host waits for (`_local_scalar_dense` of `item()`, say)
+    is recorded as that copy only, and has none (None)."""
+    sim, timeline, thread = state.sim, state.timeline, state.thread
+    launch_ns, kernel_ns = state.profile.launch_ns, state.profile.kernel_ns
+    enqueue, col = (timeline.enqueue if timeline is not None else None), state.collector
+    ops, producers, pending = col.ops, col.producers, col.pending
+    fold_at = OpAgg.FOLD_AT
+
+    def record(info: Any, args: tuple, kwargs: dict, ins: Any, out: Any, outs: Any,
+               dev_in: Any, any_dev: bool, device: str, site: Any, host_ns: int) -> Any:
+        agg = None
+        copy_is_op = any_dev and info.sync is not None and not info.kernel and dev_in[0]
+        if not copy_is_op:
+            # 6. the aggregate, and the bytes read and written with the op graph's edges
+            key = (info.name, device, id(site), thread)
+            agg = ops.get(key)
+            if agg is None:
+                agg = col.new_op(key, info.name, device, site)
+                agg.launch_ns = launch_ns
+            kernel = info.kernel
+            try:
+                flops = info.flops(args, kwargs, outs) if kernel and info.flops is not None else 0
+            except Exception:  # a formula that does not fit these arguments
+                flops = 0
+            nbytes = producers.read(ins, agg.flows_in, kernel)
+            if pending:  # copies awaiting their first reader: is it this op?
+                for t in ins:
+                    col.consume(t, agg.ref)
+            # the outputs are made by this op, or, where an op hands its input back
+            # unchanged, by the op that made that input; a kernel's outputs are bytes written
+            producer = agg
+            if info.pass_through and ins:
+                producer = producers.get(ins[0]) or agg
+            if kernel:
+                nbytes += producers.write(outs, producer, True)
+            else:
+                producers.write(outs, producer, False)
+                nbytes = 0
+            # 7. the op's time
+            device_ns = 0
+            if sim is None or device == "cpu" or not kernel:
+                # the host's (a real GPU's device time is added once its events are read;
+                # a simulated view or allocation has none), folded in later (OpAgg.fold)
+                if timeline is not None:
+                    timeline.host_ns += host_ns
+                times = agg.times
+                times.append(host_ns)
+                if len(times) >= fold_at:
+                    agg.fold()
+            else:  # a simulated kernel: modeled; the host pays its launch
+                agg.run_ns += host_ns  # what the host computed the op in
+                dtype = (DTYPE_CLASS.get((outs[0] if outs else ins[0]).dtype, "other")
+                         if flops else None)  # (the peak FLOP/s of that dtype)
+                if nbytes != agg.model_bytes or flops != agg.model_flops or (
+                        dtype != agg.model_dtype):  # else the time of the last call stands
+                    agg.model_bytes, agg.model_flops, agg.model_dtype = nbytes, flops, dtype
+                    agg.model_ns = kernel_ns(flops, nbytes, dtype)
+                device_ns = agg.model_ns
+                host_ns = enqueue(launch_ns, device_ns)
+                kernels = agg.kernel_times  # folded later, as `times`
+                kernels.append(device_ns)
+                if len(kernels) >= fold_at:
+                    agg.fold()
+            if flops:
+                agg.flops += flops
+            if nbytes:
+                agg.bytes += nbytes
+            if col.chrome is not None:
+                col.chrome_op(agg, host_ns, device_ns)
+        # 8. the host waits of an op that reads device data
+        if any_dev and info.reads:
+            state.reads_in_op(info, args, kwargs, ins, out, dev_in, site,
+                              host_ns if copy_is_op else 0)
+        return agg
+
+    return record
