@@ -169,5 +169,27 @@ def render_log(trace: Trace, cwd: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FORMATS", "render_explain_text", "render_explain_json", "render_explain_markdown",
-           "render_log"]
+def render_explain(exp: Explanation, suggestions: list[Suggestion], fmt: str,
+                   cwd: str | None = None) -> str:
+    """The explanation and its suggestions in `fmt`, one of FORMATS; the one entry point for
+    callers that let the user choose the format."""
+    if fmt == "json":
+        return render_explain_json(exp, suggestions)
+    if fmt == "markdown":
+        return render_explain_markdown(exp, suggestions, cwd)
+    return render_explain_text(exp, suggestions, cwd)
+
+
+def render_logs(traces: list[Trace], names: list[str], cwd: str | None = None) -> str:
+    """The transfer log of each trace (see render_log); with several traces, each under a
+    `== NAME ==` line, so that the ranks' logs can be told apart."""
+    parts = []
+    for trace, name in zip(traces, names):
+        if len(traces) > 1:
+            parts.append(f"== {name} ==\n")
+        parts.append(render_log(trace, cwd))
+    return "".join(parts)
+
+
+__all__ = ["FORMATS", "render_explain", "render_explain_text", "render_explain_json",
+           "render_explain_markdown", "render_log", "render_logs"]

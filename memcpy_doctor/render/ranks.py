@@ -3,12 +3,17 @@ sync copies differ from the others (text, Markdown and JSON)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from tabulate import tabulate
 
+from ..analysis.compare import Comparison
 from ..analysis.ranks import RankComparison, RankDifference, RankFigures
 from ..core.paths import format_site
+from ..core.trace import Trace
+from .diff import render_diff
 
 
 def _ms(ns: int) -> str:
@@ -136,3 +141,81 @@ def ranks_dict(comp: RankComparison, names: list[str]) -> dict[str, Any]:
              "calls": p.calls, "reference_calls": p.reference_calls} for p in d.paths]}
             for d in comp.differences],
     }
+
+
+def render_rank_checks(ranks: list[int | None], names: list[str],
+                       outcomes: list[tuple[bool, str]], comp: RankComparison, fmt: str,
+                       root: str | None = None) -> str:
+    """The gate results of several traces in one output. `outcomes` holds each trace's
+    (passed, result already rendered in `fmt`), in the order of `ranks` and `names`. JSON
+    nests each result under its rank beside the comparison; github annotations simply
+    follow each other; text puts each result under its label, then the ranks whose copies
+    differ and a verdict over all traces."""
+    passed = all(ok for ok, _ in outcomes)
+    if fmt == "json":
+        return json.dumps({
+            "passed": passed,
+            "ranks": [{"rank": rank, "trace": name, **json.loads(text)}
+                      for rank, name, (_, text) in zip(ranks, names, outcomes)],
+            "comparison": ranks_dict(comp, names)}, indent=1) + "\n"
+    if fmt == "github":
+        return "".join(text for _, text in outcomes)
+    parts = [f"== {rank_label(rank, i)} ({names[i]}) ==\n{text}"
+             for i, (rank, (_, text)) in enumerate(zip(ranks, outcomes))]
+    failed = sum(not ok for ok, _ in outcomes)
+    parts.append("\n".join(render_differences_text(comp, root)).rstrip("\n") + "\n")
+    parts.append(f"memcpy-doctor check: {'passed' if passed else 'FAILED'} "
+                 f"({len(outcomes) - failed} of {len(outcomes)} traces passed)\n")
+    return "\n".join(parts)
+
+
+def render_explain_ranks(comp: RankComparison, names: list[str], parts: list[str], fmt: str,
+                         cwd: str | None = None) -> str:
+    """The explanation of several ranks: the ranks side by side, then one explanation per
+    group of ranks that make the same sync copies (`parts`, already rendered in `fmt`, in
+    the order of comp.groups), so that identical ranks are explained once."""
+    if fmt == "json":
+        return json.dumps({
+            "ranks": ranks_dict(comp, names),
+            "explanations": [{"traces": [names[i] for i in g], **json.loads(part)}
+                             for g, part in zip(comp.groups, parts)]}, indent=1) + "\n"
+    if fmt == "markdown":
+        return "\n".join([render_ranks_markdown(comp, names, cwd)] + [
+            f"# {group_title(comp, g)}\n\n{part}" for g, part in zip(comp.groups, parts)])
+    return "\n".join([render_ranks_text(comp, names, cwd)] + [
+        f"== {group_title(comp, g)} ==\n\n{part}" for g, part in zip(comp.groups, parts)])
+
+
+@dataclass(frozen=True)
+class DiffSide:
+    """One side of a `diff` of rank traces: the name the user gave, its traces in rank order
+    with their file names, and how its ranks compare with each other."""
+
+    name: str
+    traces: list[Trace]
+    names: list[str]
+    ranks: RankComparison
+
+
+def render_diff_ranks(before: DiffSide, after: DiffSide, pairs: list[Comparison] | None,
+                      merged: Comparison, cwd: str | None = None) -> str:
+    """The diff of two runs of several ranks: rank K against rank K (`pairs`, None when the
+    sides have different numbers of traces), then all ranks merged, then each side whose
+    ranks make different sync copies. A user sees first where a rank changed, then the
+    whole run."""
+    b, a = before.traces, after.traces
+    parts = []
+    if pairs is not None:
+        for i, c in enumerate(pairs):
+            parts.append(f"== {rank_label(b[i].meta.rank, i)} ==\n"
+                         + render_diff(c, before.names[i], after.names[i], cwd))
+    else:
+        parts.append(f"{len(b)} traces before, {len(a)} after: compared merged only\n")
+    parts.append("== all ranks (merged) ==\n"
+                 + render_diff(merged, f"{before.name} ({len(b)} traces)",
+                               f"{after.name} ({len(a)} traces)", cwd))
+    for word, side in (("Before", before), ("After", after)):
+        if not side.ranks.uniform:
+            parts.append(f"{word} ({side.name}): "
+                         + "\n".join(render_differences_text(side.ranks, cwd)))
+    return "\n".join(parts)

@@ -1,4 +1,4 @@
-"""The Profiling Report in Paddle's layout (see ../shared/design/origin.md)."""
+"""The Profiling Report in Paddle's layout (see docs/paddle-report.md)."""
 
 from __future__ import annotations
 
@@ -142,3 +142,14 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
               "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
     return "\n".join(lines)
+
+
+def render_reports(traces: list[Trace], names: list[str],
+                   sort: str = DEFAULT_SORT_KEY) -> str:
+    """The reports of several saved traces (the ranks of one run, say), one after another;
+    with more than one, each ends with the file it came from, so that they can be told
+    apart."""
+    reports = [render_text(t, sort=sort) for t in traces]
+    if len(reports) > 1:
+        reports = [f"{text}\n(from {name})" for text, name in zip(reports, names)]
+    return "\n".join(reports)
