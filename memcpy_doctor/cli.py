@@ -25,8 +25,8 @@ import click
 from .analysis.gates import GateError
 from .core import __version__
 from .core.defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
-                            DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED,
-                            EXIT_USAGE, SORT_KEYS)
+                            DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
+                            SORT_KEYS)
 from .core.trace import Trace
 from .core.units import parse_bytes
 from .render.explain import FORMATS as EXPLAIN_FORMATS, render_logs
@@ -34,8 +34,8 @@ from .render.text import render_reports
 from .run import calibrate as calib
 from .run.config import GateConfig, load_config, merge
 from .run.gating import CHECK_FORMATS, gate_traces
-from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_profile,
-                          this_rank, write_report_and_trace, write_timeline)
+from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_profile, this_rank,
+                          write_report_and_trace, write_timeline)
 from .run.ranks import diff_traces, explain_traces, profile_ranks
 from .run.runner import RunResult, format_exception
 from .run.traces import InputError, load_traces, write_text

@@ -38,7 +38,7 @@ from typing import Any
 
 from memcpy_doctor.core.summary import summarize
 from memcpy_doctor.core.trace import (CopyRecord, EventRow, Meta, OpRecord, OpRef, Site, Trace,
-                                 WaitRecord)
+                                      WaitRecord)
 
 #: The project directory every site in the default trace lies under.
 PROJECT_DIR = "/work/proj"

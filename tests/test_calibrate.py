@@ -15,7 +15,7 @@ import torch
 
 from memcpy_doctor.run import calibrate as calib
 from memcpy_doctor.core.costmodel import (DeviceProfile, ProfileError, available_profiles,
-                                              load_profile)
+                                          load_profile)
 from memcpy_doctor.tracer import Tracer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

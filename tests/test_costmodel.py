@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from memcpy_doctor.core.costmodel import (DeviceProfile, ProfileError, Timeline,
-                                              available_profiles, load_profile)
+from memcpy_doctor.core.costmodel import (DeviceProfile, ProfileError, Timeline, available_profiles,
+                                          load_profile)
 from memcpy_doctor.core.defaults import DEFAULT_DEVICE_PROFILE
 
 

@@ -15,12 +15,12 @@ import pytest
 
 from helpers import (LOG_METRICS, MAIN, TRAIN_STEP_ITEM, TRAIN_STEP_TO, make_copies,
                      make_trace)
-from memcpy_doctor.analysis.ranks import (PathDifference, RankDifference, compare_ranks,
-                                          merge, sync_paths)
+from memcpy_doctor.analysis.ranks import (PathDifference, RankDifference, compare_ranks, merge,
+                                          sync_paths)
 from memcpy_doctor.cli import main
 from memcpy_doctor.run.launch import RankExit, rank_environ, worst_status
 from memcpy_doctor.run.rankenv import (RankError, RankInfo, expand_traces, path_for, rank_info,
-                                   rank_path)
+                                       rank_path)
 from memcpy_doctor.render.ranks import render_ranks_text
 from memcpy_doctor.render.text import render_text
 from memcpy_doctor.core.trace import CopyRecord, OpRef, Site, Trace, TraceError, load_trace

@@ -17,7 +17,7 @@ import torch.nn as nn
 import memcpy_doctor
 from memcpy_doctor.tracer import active_tracer
 from memcpy_doctor.guards.transfer import (EXPLICIT_TRIGGERS, LEVELS, TransferGuardError,
-                                          parse_levels, transfer_guard)
+                                           parse_levels, transfer_guard)
 
 HERE = os.path.abspath(__file__)
 _LIBRARY_ROOTS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep

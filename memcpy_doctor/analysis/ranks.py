@@ -12,8 +12,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from ..core.trace import (CopyRecord, EventRow, FlowRecord, Meta, OpRecord, Site, Trace,
-                     WaitRecord)
+from ..core.trace import (CopyRecord, EventRow, FlowRecord, Meta, OpRecord, Site, Trace, WaitRecord)
 from ..core.summary import summarize
 
 #: A sync copy path as ranks are compared on it: direction, trigger, call site.

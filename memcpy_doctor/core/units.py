@@ -1,4 +1,5 @@
-"""Units shared by analysis, renderers and options: sizes read from text, figures written as text."""
+"""Units shared by analysis, renderers and options: sizes read from text, figures written as
+text."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable
 
 from ..core.costmodel import DeviceProfile, available_profiles, load_profile
 from ..core.defaults import (CALIBRATE_COPY_SIZES, CALIBRATE_COPY_SIZES_QUICK, CALIBRATE_REPEATS,
-                       CALIBRATE_REPEATS_QUICK, DEFAULT_CALIBRATED_PROFILE,
-                       DEFAULT_DEVICE_PROFILE)
+                             CALIBRATE_REPEATS_QUICK, DEFAULT_CALIBRATED_PROFILE,
+                             DEFAULT_DEVICE_PROFILE)
 
 #: The copy paths measured; DtoD (a peer copy) needs two GPUs and keeps the base figure.
 COPY_PATHS = ("HtoD_pinned", "HtoD_pageable", "DtoH_pinned", "DtoH_pageable")

@@ -22,8 +22,7 @@ from ..core.defaults import EXIT_INTERRUPTED
 from ..core.trace import Trace, TraceError
 from ..render.diff import render_diff
 from ..render.explain import render_explain
-from ..render.ranks import (DiffSide, render_diff_ranks, render_explain_ranks,
-                            render_ranks_text)
+from ..render.ranks import (DiffSide, render_diff_ranks, render_explain_ranks, render_ranks_text)
 from ..render.text import render_text
 from .launch import RankExit, launch, worst_status
 from .profile import ProfilePlan

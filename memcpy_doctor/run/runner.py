@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 from .apply import GuardEdit, apply_edits
 from ..core.defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS,
-                       SIGNAL_DEFER_MAX_S, SIGNAL_RETRY_S)
+                             SIGNAL_DEFER_MAX_S, SIGNAL_RETRY_S)
 from .rankenv import RankInfo
 from ..core.paths import is_package_file, is_torch_file
 from ..core.trace import Trace

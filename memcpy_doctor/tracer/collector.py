@@ -16,7 +16,7 @@ import torch
 
 from ..core.defaults import OP_TIMES_FOLD_AT
 from ..core.trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
-                     TransferRecord, WaitRecord)
+                          TransferRecord, WaitRecord)
 from .chrome import ChromeLog
 from .producers import ProducerTable
 

@@ -22,7 +22,8 @@ import torch
 
 from ..core.torch_private import gpu_trace
 from .optable import OP_INFO, OpInfo, op_info
-from .state import UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out, with_kwarg_tensors
+from .state import (UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
+                    with_kwarg_tensors)
 
 Tensor = torch.Tensor
 

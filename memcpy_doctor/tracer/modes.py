@@ -3,8 +3,8 @@
 The function mode sees Python-level calls (`t.item()`, `print(t)`, `.to("cuda")`): it names
 the trigger of the copies they cause and, on the simulated GPU, answers device questions and
 performs transfers. The dispatch mode sees every aten op, forward and backward, and hands it
-to the per-op path (tracer/perop.py). While either is busy with the tracer's own work, torch function
-handling is off, so the tracer never traces itself.
+to the per-op path (tracer/perop.py). While either is busy with the tracer's own work, torch
+function handling is off, so the tracer never traces itself.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
-                              dynamo_skip_frame)
+                                  dynamo_skip_frame)
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim.marks import printed_bytes
 from .perop import dispatcher

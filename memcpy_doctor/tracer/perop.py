@@ -1,8 +1,9 @@
 """The per-op path: what the dispatch mode runs for every aten op, forward and backward.
 
 It is the tracer's hot path (docs/benchmarks.md has what each part costs), so it is two
-closures over one run's state, with what stays fixed for the run bound once, and no Python
-call on the common path beyond the second closure:
+closures over one run's state, with what stays fixed for the run bound once; an op costs one
+Python call beyond the op itself (the second closure), and a simulated kernel one more (the
+cost model's clock, Timeline.enqueue):
 
 - `dispatcher` guards the op (no eval-frame callback, no torch function handling, nothing
   while the tracer is suspended), then, on the simulated GPU (and for host tensors), runs its
@@ -33,9 +34,9 @@ import torch
 
 from ..core.torch_private import set_eval_frame
 from .collector import OpAgg
+from .cuda import gpu_op
 from .optable import DTYPE_CLASS, OP_INFO, op_info
 from .sim.marks import NO_STORAGE
-from .cuda import gpu_op
 from .state import (_NO_KWARGS, UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
                     with_kwarg_tensors)
 
