@@ -1,11 +1,18 @@
 """Soak: a sample model for many steps under the tracer against a short run of it. The
 tracer's own memory stays flat (its records are aggregated, not kept per op) and the trace is
 the same in content: the same ops, copies, call sites, waits and flows, only with larger
-counts and times."""
+counts and times.
+
+The tracer's memory is what memcpy-doctor's own lines allocated and still hold at the end of
+the run (tracemalloc, filtered to this package's files), not the process's peak: torch under
+any dispatch mode, even one that only calls the op, holds some tens of KiB more after 200
+steps than after 20 (freelists and caches that fill up, then stay), enough to fail a bound on
+the peak on a CI machine while measuring nothing of ours."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import sys
@@ -15,11 +22,13 @@ from typing import Any
 
 import pytest
 
+import memcpy_doctor
 from memcpy_doctor.core.trace import Trace
 from memcpy_doctor.tracer import Tracer
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 SHORT, LONG = 20, 80
+OURS = tracemalloc.Filter(True, str(Path(memcpy_doctor.__file__).resolve().parent / "*"))
 
 #: The Python version of the table of live tensors' producers sweeps dead tensors' entries
 #: when it doubles, from PRODUCER_SWEEP_MIN entries on (4096: a hundred steps of this model).
@@ -42,18 +51,21 @@ def model():
 
 
 def profile(model: Any, steps: int) -> tuple[Trace, int]:
-    """The trace of `steps` training steps, and the peak of Python memory allocated while
-    they ran under the tracer (tensors' storage is not Python memory: what is measured is
-    the tracer's bookkeeping and the Python objects of the run)."""
+    """The trace of `steps` training steps, and the Python memory that this package's code
+    allocated while they ran under the tracer and still held at their end, garbage
+    collected (its aggregates, the producers' table, the storage marks; tensors' storage is
+    not Python memory)."""
     tracer = Tracer(device="sim")
     tracemalloc.start()
     try:
         with contextlib.redirect_stdout(io.StringIO()), tracer:
             model.main(["--steps", str(steps)])
-        peak = tracemalloc.get_traced_memory()[1]
+            gc.collect()
+            held = tracemalloc.take_snapshot().filter_traces([OURS])
+        ours = sum(stat.size for stat in held.statistics("filename"))
     finally:
         tracemalloc.stop()
-    return tracer.trace, peak
+    return tracer.trace, ours
 
 
 def content(trace: Trace) -> dict[str, list[str]]:
@@ -81,8 +93,11 @@ def test_long_run_flat_memory_and_same_trace(model, monkeypatch, table):
         pytest.skip("the C extension is not built")
     # the first run warms up (torch's lazy imports and caches are not the tracer's); all
     # from one line, as the copies' stacks reach up into this test
-    _, (short, short_peak), (long, long_peak) = [profile(model, n) for n in (2, SHORT, LONG)]
-    assert long_peak <= short_peak * 1.1 + 64 * 1024, (short_peak, long_peak)
+    _, (short, short_held), (long, long_held) = [profile(model, n) for n in (2, SHORT, LONG)]
+    # 60 more steps are 2,400 more ops: 20 bytes kept per op would break this bound, which
+    # leaves room for the Python table, whose sweeps make what it holds swing by up to some
+    # 32 KiB with the step count at which a run ends
+    assert 0 < long_held <= short_held + 48 * 1024, (short_held, long_held)
     assert content(long) == content(short)
     # each copy path is made once (model.to) or the same number of times every step
     for s, lg in zip(short.copies, long.copies):
