@@ -132,6 +132,9 @@ class OpInfo:
     flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
     #: hands back its input's data unchanged: the producer stays the op that made it
     pass_through: bool
+    #: its schema's one tensor argument is its first (a view's, a sum's, a scalar op's): its
+    #: tensor inputs are the first argument alone, whatever the others hold
+    lone_tensor: bool
     #: what calling the overload calls: OpOverload.__call__ only forwards to the C++ `_op`,
     #: and calling that directly saves a Python frame an op
     call: Callable[..., Any]
@@ -196,12 +199,22 @@ def op_info(func: Any) -> OpInfo:
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
             pass_through=short in _PASS_THROUGH,
+            lone_tensor=_lone_tensor(func),
             call=(func._op if type(func).__call__ is OpOverload.__call__
                   and hasattr(func, "_op") else func),
         )
         OP_INFO[id(func)] = info
         _KEPT.append(func)
     return info
+
+
+def _lone_tensor(func: Any) -> bool:
+    """Whether the first argument of `func`'s schema is a Tensor (not optional, not a list)
+    and no other argument can hold one."""
+    arguments = getattr(getattr(func, "_schema", None), "arguments", None)
+    if not arguments or str(arguments[0].type) != "Tensor":
+        return False
+    return not any("Tensor" in str(a.type) for a in arguments[1:])
 
 
 def index_tensors(info: OpInfo, args: tuple) -> list[torch.Tensor]:

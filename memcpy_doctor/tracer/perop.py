@@ -52,6 +52,7 @@ _has_torch_function = torch._C._has_torch_function
 def dispatcher(state: TraceState) -> Callable[..., Any]:
     """The dispatch mode's `__torch_dispatch__` for `state`: runs one aten op, records it."""
     sim, timeline, record = state.sim, state.timeline, recorder(state)
+    resolve_from = state.sites.resolve_from
     gpu = gpu_op(state, record) if sim is None else None
     marks = sim.cuda_marks.refs if sim is not None else None
     mark_new = sim.cuda_marks.add_new if sim is not None else None
@@ -61,8 +62,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
         prior = set_eval_frame(None)
         disabled = None
         try:
-            if kwargs is None:
-                kwargs = _NO_KWARGS
+            kwargs = kwargs or _NO_KWARGS
             if state.suspended:
                 return func(*args, **kwargs)
             if _has_torch_function(args):
@@ -71,11 +71,11 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
             if gpu is not None:
                 return gpu(func, args, kwargs)
             timeline.host_ns += perf_counter_ns() - state.last_exit  # the program's own time
-            # 1. the op, and its tensor inputs (most often all its arguments)
+            # 1. the op, and its tensor inputs (most often all its arguments, or the first)
             info = OP_INFO.get(id(func)) or op_info(func)
             for a in args:
                 if not isinstance(a, Tensor):
-                    ins = tensor_args(args)
+                    ins = args[:1] if info.lone_tensor else tensor_args(args)
                     break
             else:
                 ins = args
@@ -97,20 +97,21 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                 any_dev = True in dev_in
                 if any_dev and False in dev_in and not info.mixed_ok and forced is None:
                     sim.check_mixed(ins, dev_in)
-            # 3. the call site: set by the function mode for a call into C++, else found
-            site = state.call_site
+            site = state.call_site  # 3. the call site: the function mode's, for a call into C++
             if site is UNRESOLVED:
-                site = state.op_site(2)
-            # 4. the op itself
-            t0 = perf_counter_ns()
+                caller = state.call_frame  # such a call made from torch's code: its site,
+                if caller is not None:  # found by its first op, once
+                    site = state.call_site = resolve_from(caller)
+                else:  # a walk, or the backward() call's site
+                    site = state.op_site(2)
+            t0 = perf_counter_ns()  # 4. the op itself
             out = info.call(*args, **kwargs) if kwargs else info.call(*args)
             host_ns = perf_counter_ns() - t0
             outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
-            # 5. where the outputs live (a factory inside a composite op: where the inputs of
-            # the call it runs in are); a new storage made on the device is marked
+            # 5. the outputs' device (a factory in a composite op: that of its call's inputs)
             on_device = forced if forced is not None else any_dev if ins else (
                 state.call_args is not None and sim.any_cuda(*state.call_args))
-            if on_device:
+            if on_device:  # new storages made on the device are marked
                 for o in outs:
                     try:
                         storage = o.untyped_storage()

@@ -155,8 +155,9 @@ class TraceState:
     def op_site(self, depth: int) -> Any:
         """The user call site of an op whose site the function mode did not set: that of the
         call into C++ made from torch's code that the op runs in (found once, by its first
-        op), of the Tensor.backward() call the autograd engine runs it for, or found by a
-        walk up from the Python frame below the op (`depth` frames above this call)."""
+        op; the simulated GPU's per-op path does this step inline), of the Tensor.backward()
+        call the autograd engine runs it for, or found by a walk up from the Python frame
+        below the op (`depth` frames above this call)."""
         caller = self.call_frame
         if caller is not None:
             site = self.call_site = self.sites.resolve_from(caller)
