@@ -59,8 +59,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
 
     def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
                  kwargs: dict | None = None) -> Any:
-        prior = set_eval_frame(None)
-        disabled = None
+        prior, disabled = set_eval_frame(None), None
         try:
             kwargs = kwargs or _NO_KWARGS
             if state.suspended:
