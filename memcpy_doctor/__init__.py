@@ -15,7 +15,8 @@ from .render.text import render_text
 from .core.trace import Trace, TraceError, load_trace
 from .guards.transfer import TransferGuardError, transfer_guard
 from .tracer import Tracer
+from .tracer.optable import register_sync_op
 
 __all__ = ["device_guard", "transfer_guard", "TransferGuardError", "profiler",
            "Tracer", "Trace", "TraceError", "load_trace", "render_text",
-           "__version__"]
+           "register_sync_op", "__version__"]

@@ -12,6 +12,8 @@ from memcpy_doctor.tracer import active_tracer  # noqa: E402
 
 _ORIGINAL_CUDA = {name: getattr(torch.cuda, name) for name in
                   ("is_available", "synchronize", "device_count", "Stream", "Event")}
+_ORIGINAL_GROUPING = torch._C._group_tensors_by_device_and_dtype
+_ORIGINAL_SERIALIZERS = list(torch.serialization._package_registry)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,5 +41,11 @@ def no_tracer_left_behind():
         if getattr(torch.cuda, name) is not original:
             problems.append(f"torch.cuda.{name} is still patched")
             setattr(torch.cuda, name, original)
+    if torch._C._group_tensors_by_device_and_dtype is not _ORIGINAL_GROUPING:
+        problems.append("torch._C._group_tensors_by_device_and_dtype is still patched")
+        torch._C._group_tensors_by_device_and_dtype = _ORIGINAL_GROUPING
+    if torch.serialization._package_registry != _ORIGINAL_SERIALIZERS:
+        problems.append("torch.serialization's registry still holds the tracer's entry")
+        torch.serialization._package_registry[:] = _ORIGINAL_SERIALIZERS
     if problems:
         pytest.fail("; ".join(problems))

@@ -68,7 +68,7 @@ IMPLICIT = {
     "nonzero": lambda: _dev().nonzero(),
     "where1": lambda: torch.where(_dev() > 1),
     "mask": lambda: _dev()[_dev() > 1],
-    "mask_set": lambda: _dev().__setitem__(_dev() > 1, 0.0),
+    "mask_set": lambda: _dev().__setitem__(_dev() > 1, _dev()[0]),
     "masked_select": lambda: torch.masked_select(_dev(), _dev() > 1),
     "unique": lambda: torch.unique(_dev()),
     "bincount": lambda: torch.bincount(_dev().long()),
@@ -197,11 +197,11 @@ def test_raises_at_the_users_line_with_a_full_message(prof):
             d[d > 1]
     assert last_user_frame(e) == (HERE, line)
     ev = e.value.event
-    assert (ev.direction, ev.trigger, ev.nbytes, ev.dtype, ev.shape) == ("DtoH", "mask", 8,
+    assert (ev.direction, ev.trigger, ev.nbytes, ev.dtype, ev.shape) == ("DtoH", "mask", 4,
                                                                          "bool", [4])
     assert (ev.site.file, ev.site.line) == (HERE, line)
     msg = str(e.value)
-    assert msg.startswith(f"transfer_guard: implicit DtoH copy `mask` (sync), 8 B, bool tensor "
+    assert msg.startswith(f"transfer_guard: implicit DtoH copy `mask` (sync), 4 B, bool tensor "
                           f"of shape (4,) at {os.path.relpath(HERE)}:{line} is not allowed")
     assert "level 'disallow' refuses implicit copies" in msg
 

@@ -125,7 +125,8 @@ def test_data_dependent_shapes(tmp_path, device):
         c = torch.argwhere(t)  # expect: DtoH sync nonzero
         d = torch.where(t > 1)  # expect: DtoH sync nonzero
         e = t[t > 2]  # expect: DtoH sync mask
-        t[t > 4] = 0.0  # expect: DtoH sync mask
+        t[t > 4] = 0.0
+        t[t > 4] = t[0]  # expect: DtoH sync mask
         f = torch.masked_select(t, t > 2)  # expect: DtoH sync mask
         g = torch.unique(t)  # expect: DtoH sync unique
         h = torch.unique_consecutive(t)  # expect: DtoH sync unique
@@ -139,7 +140,7 @@ def test_counts_and_repeats(tmp_path, device):
         import torch
         x = torch.arange(3, device="cuda")
         r = torch.ones(3, dtype=torch.long, device="cuda")
-        a = torch.bincount(x)  # expect: DtoH sync bincount
+        a = torch.bincount(x)  # expect: DtoH sync bincount; DtoH sync bincount
         b = torch.repeat_interleave(x, r)  # expect: DtoH sync repeat_interleave
         c = torch.repeat_interleave(x, r, output_size=3)
         d = torch.repeat_interleave(x, 2)

@@ -147,9 +147,11 @@ class FunctionMode(TorchFunctionMode):
                     state.call_frame = prev_frame
             if kind == _PLAIN:  # a Python function: its ops find their own sites
                 return plain(func, args, kwargs)
-            if sim and kind == _DATA_FACTORY and default_device_type() == "cuda":
-                # under torch.set_default_device("cuda") torch would build these on the device
-                return factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
+            if sim and kind == _DATA_FACTORY:
+                if default_device_type() == "cuda":
+                    # under torch.set_default_device("cuda") torch builds these on the device
+                    return factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
+                state.sim.read_factory_data(func, args, kwargs)
             trigger = TRIGGERS.get(func)
             prev, prev_call = state.trigger, state.call_args
             prev_backward, prev_site = state.backward_site, state.call_site

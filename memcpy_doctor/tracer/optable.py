@@ -1,7 +1,8 @@
 """What each aten op means for copies: kernels, views, and the ops that make the host wait.
 
 Looked up by `func._overloadpacket` through `op_info()`, cached per overload, so the per-op
-path pays one dictionary lookup. The sync rules follow docs/cuda-semantics.md.
+path pays one dictionary lookup. The copies ops make inside their device code are the rules
+of tracer/syncpoints.py (docs/cuda-sync-points.md); the rest follows docs/cuda-semantics.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch._ops import OpOverload
 
 from ..core.torch_private import flop_registry
+from .syncpoints import HOST_ARGUMENTS, SYNC_RULES, SyncRule, declared_rule
 
 #: Python-level calls that cause copies, by the trigger name a copy they cause is given.
 TRIGGERS: dict[Any, str] = {
@@ -74,61 +76,18 @@ _INDEX_OPS = {"index", "index_put_", "index_put", "_index_put_impl_"}
 
 
 @dataclass(frozen=True)
-class Sync:
-    """A host wait an op makes when its input lives on the device."""
-
-    direction: str
-    trigger: str
-    nbytes: Callable[[tuple, dict, Any], int]
-
-
-def _scalar_bytes(args: tuple, kwargs: dict, out: Any) -> int:
-    return args[0].element_size()
-
-
-def _count_bytes(args: tuple, kwargs: dict, out: Any) -> int:
-    return 8  # one int64 count (or size) read back to size the output
-
-
-def _info_bytes(args: tuple, kwargs: dict, out: Any) -> int:
-    return args[0].nbytes
-
-
-def _bool_bytes(args: tuple, kwargs: dict, out: Any) -> int:
-    return 1
-
-
-_SYNC: dict[str, Sync] = {
-    "_local_scalar_dense": Sync("DtoH", "item", _scalar_bytes),
-    "nonzero": Sync("DtoH", "nonzero", _count_bytes),
-    "masked_select": Sync("DtoH", "mask", _count_bytes),
-    "masked_scatter": Sync("DtoH", "mask", _count_bytes),
-    "masked_scatter_": Sync("DtoH", "mask", _count_bytes),
-    "_unique": Sync("DtoH", "unique", _count_bytes),
-    "_unique2": Sync("DtoH", "unique", _count_bytes),
-    "unique_dim": Sync("DtoH", "unique", _count_bytes),
-    "unique_consecutive": Sync("DtoH", "unique", _count_bytes),
-    "unique_dim_consecutive": Sync("DtoH", "unique", _count_bytes),
-    "bincount": Sync("DtoH", "bincount", _count_bytes),
-    "equal": Sync("DtoH", "equal", _bool_bytes),
-    "allclose": Sync("DtoH", "allclose", _bool_bytes),
-    "_linalg_check_errors": Sync("DtoH", "linalg_check", _info_bytes),
-}
-
-
-@dataclass(frozen=True)
 class OpInfo:
     """What the tracer needs to know about one aten overload."""
 
     name: str  # "aten::mm"
     short: str  # "mm"
     kernel: bool  # launches device work (views and allocations do not)
-    sync: Sync | None
+    sync: SyncRule | None  # what it copies inside its device code (tracer/syncpoints.py)
     index: bool  # indexing: may read a mask or a host index tensor
-    #: may make the host wait for device data (sync, index or repeat_interleave_tensor)
+    #: may copy between device and host inside its own code (sync, index): takes the
+    #: rarer step after the op (TraceState.after_op) when an input is on the device
     reads: bool
     mixed_ok: bool
-    repeat_interleave_tensor: bool  # sizes its output from a device tensor unless told
     flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
     #: hands back its input's data unchanged: the producer stays the op that made it
     pass_through: bool
@@ -184,18 +143,15 @@ def op_info(func: Any) -> OpInfo:
         short = packet.__name__
         ns = func.namespace
         is_view = bool(getattr(func, "is_view", False))
-        sync = _SYNC.get(short)
-        repeat_interleave_tensor = (short == "repeat_interleave"
-                                    and func._overloadname.startswith("Tensor"))
+        sync = SYNC_RULES.get(f"{ns}::{short}")
         info = OpInfo(
             name=f"{ns}::{short}",
             short=short,
             kernel=not is_view and short not in _NO_KERNEL,
             sync=sync,
             index=short in _INDEX_OPS,
-            reads=sync is not None or short in _INDEX_OPS or repeat_interleave_tensor,
-            mixed_ok=short in MIXED_DEVICE_OK,
-            repeat_interleave_tensor=repeat_interleave_tensor,
+            reads=sync is not None or short in _INDEX_OPS,
+            mixed_ok=short in MIXED_DEVICE_OK or short in HOST_ARGUMENTS,
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),
             pass_through=short in _PASS_THROUGH,
@@ -206,6 +162,28 @@ def op_info(func: Any) -> OpInfo:
         OP_INFO[id(func)] = info
         _KEPT.append(func)
     return info
+
+
+def register_sync_op(name: str, *, direction: str = "DtoH",
+                     nbytes: int | Callable[..., int] = 8, arg: int = 0,
+                     trigger: str | None = None) -> None:
+    """Declare that the op `name` ("mylib::op", as registered with torch.library) makes the
+    host wait inside its device code: it copies `nbytes` (an int, or a function of the op's
+    `(args, kwargs, out)`) from its argument number `arg` to the host (direction "DtoH"), or
+    from the host into its output ("HtoD"). Each call with that tensor on the device is then
+    recorded as a sync copy named `trigger` (the op's own name by default) at the line that
+    called the op, on the simulated GPU and on a real one. Takes effect from the op's next
+    call, in this process; declaring an op again replaces its rule."""
+    SYNC_RULES[name] = declared_rule(name, direction, nbytes, arg, trigger)
+    forget(name)
+
+
+def forget(name: str) -> None:
+    """Drop the cached OpInfo of the op `name`: looked up again, with its rule as it is then,
+    at its next call."""
+    for key, info in list(OP_INFO.items()):
+        if info.name == name:
+            del OP_INFO[key]
 
 
 def _lone_tensor(func: Any) -> bool:

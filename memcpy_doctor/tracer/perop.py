@@ -13,7 +13,7 @@ cost model's clock, Timeline.enqueue):
 - `recorder` makes the closure both paths end with: the aggregate of (op, device, site, thread),
   the bytes the op read and wrote with the op-graph edges from their producers, its time
   (the host's, a simulated kernel's modeled time, or CUDA events on a real GPU), and the
-  host waits the op makes when it reads device data (TraceState.reads_in_op).
+  host waits the op makes when it reads device data (TraceState.after_op).
 
 The guard: torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable (about
 a microsecond an op); the mode opts out (modes.DispatchMode) and `dispatch` does the same job
@@ -94,8 +94,8 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                     except NO_STORAGE:
                         dev_in.append(False)  # sparse, nested, storage-less: unmarked
                 any_dev = True in dev_in
-                if any_dev and False in dev_in and not info.mixed_ok and forced is None:
-                    sim.check_mixed(ins, dev_in)
+                if any_dev and False in dev_in and forced is None and sim.mixed(info, ins, dev_in):
+                    return sim.dispatch_copy(func, args, kwargs)  # (from C++ code)
             site = state.call_site  # 3. the call site: the function mode's, for a call into C++
             if site is UNRESOLVED:
                 caller = state.call_frame  # such a call made from torch's code: its site,
@@ -203,10 +203,9 @@ def recorder(state: TraceState) -> Callable[..., None]:
                 agg.bytes += nbytes
             if col.chrome is not None:
                 col.chrome_op(agg, host_ns, device_ns)
-        # 8. the host waits of an op that reads device data
+        # 8. the copies an op makes inside its own code
         if any_dev and info.reads:
-            state.reads_in_op(info, args, kwargs, ins, out, dev_in, site,
-                              host_ns if copy_is_op else 0)
+            state.after_op(info, args, kwargs, out, site, host_ns if copy_is_op else 0)
         return agg
 
     return record

@@ -118,6 +118,9 @@ class TraceState:
         #: waits the tracer records from those it would miss (tracer/cuda.py, SyncHooks)
         self.recording = 0
         self.running_op: Any = None
+        #: above 0 while a CPU kernel's range checks run that PyTorch skips for device
+        #: tensors (`F.one_hot`'s): what they read back is no copy on a GPU
+        self.cpu_only_checks = 0
 
     def sibling(self, thread: str) -> TraceState:
         """The state of another thread of the same run: the same records, sites and device,
@@ -132,7 +135,7 @@ class TraceState:
         other.trigger = other.forced = other.call_args = None
         other.call_site = other.backward_site = UNRESOLVED
         other.call_frame = other.running_op = None
-        other.recording = 0
+        other.recording = other.cpu_only_checks = 0
         other.last_exit = perf_counter_ns()
         return other
 
@@ -167,35 +170,43 @@ class TraceState:
             return self.backward_site  # (a hook or custom Function would be a frame between)
         return self.sites.resolve_from(caller)
 
-    def reads_in_op(self, info: OpInfo, args: tuple, kwargs: dict, ins: Any, out: Any,
-                    dev_in: Any, site: Any, measured_ns: int) -> None:
-        """The copies an op with device inputs makes the host wait for: the data it reads
-        back (`item()`, `nonzero`, ...; `measured_ns` when the op is the copy itself), the
-        sizes `repeat_interleave` reads without `output_size`, and an index op's reads."""
+    def after_op(self, info: OpInfo, args: tuple, kwargs: dict, out: Any, site: Any,
+                 measured_ns: int) -> None:
+        """The rarer step after an op with device inputs (`info.reads`): the copies it makes
+        the host wait for inside its own code (`item()`, `nonzero`, ...: its rule in
+        tracer/syncpoints.py; `measured_ns` when the op is the copy itself), and an index
+        op's reads."""
         sync = info.sync
-        if sync is not None and dev_in[0]:
+        if sync is not None and not self.cpu_only_checks:
             trigger = sync.trigger
             if info.short == "_local_scalar_dense" and self.trigger in SCALAR_TRIGGERS:
                 trigger = self.trigger
-            self.sync_copy("DtoH", trigger, sync.nbytes(args, kwargs, out), ins[0], site,
-                           measured_ns)
-        elif info.repeat_interleave_tensor and dev_in[0]:
-            output_size = args[1] if len(args) > 1 else kwargs.get("output_size")
-            if output_size is None:  # its size is the sum of repeats, read back
-                self.sync_copy("DtoH", "repeat_interleave", 8, ins[0], site, 0)
+            on_device = self.on_device
+            for direction, tensor, nbytes in sync.reads(args, kwargs, out):
+                if on_device(tensor):
+                    self.sync_copy(direction, trigger, nbytes, tensor, site, measured_ns)
+                    measured_ns = 0
         elif info.index:
-            self._index_copies(info, args, site)
+            self._index_copies(info, args, kwargs, site)
 
-    def _index_copies(self, info: OpInfo, args: tuple, site: Any) -> None:
+    def _index_copies(self, info: OpInfo, args: tuple, kwargs: dict, site: Any) -> None:
         """Indexing a device tensor: a device mask is counted on the host (DtoH); a host index
-        tensor is copied to the device first (HtoD)."""
+        tensor is copied to the device first (HtoD). `t[mask] = scalar` reads nothing: PyTorch
+        hands a lone device mask with a one-element host value to `masked_fill_`."""
         on_device = self.on_device
         if not on_device(args[0]):
             return
-        for idx in index_tensors(info, args):
+        indices = index_tensors(info, args)
+        if info.short != "index" and len(indices) == 1 and is_mask(indices[0]):
+            value = args[2] if len(args) > 2 else kwargs.get("values")
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            if (not accumulate and isinstance(value, Tensor) and value.numel() == 1
+                    and not on_device(value) and on_device(indices[0])):
+                return
+        for idx in indices:
             if on_device(idx):
                 if is_mask(idx):
-                    self.sync_copy("DtoH", "mask", 8, idx, site, 0)
+                    self.sync_copy("DtoH", "mask", 4, idx, site, 0)
             elif idx.dim() >= 1:
                 self.sync_copy("HtoD", "index", idx.nbytes, idx, site, 0)
 

@@ -17,9 +17,15 @@ import torch
 from ...core.torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
 from ..optable import DATA_FACTORIES
 from .marks import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
+from .torchlib import (ctc_loss_handler, host_outputs_handler, one_hot_handler,
+                       tensors_in_data)
 from ..state import TraceState, tensors_in, tensors_out
 
 Tensor = torch.Tensor
+
+
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
 
 
 class _SimTransfer(torch.autograd.Function):
@@ -89,6 +95,13 @@ class SimDevice:
             Tensor.record_stream: self._record_stream,
             Tensor.new_tensor: self._new_tensor,
             Tensor.type_as: self._type_as,
+            # parses `Module.to(device="cuda")`'s arguments: not a factory, though it takes
+            # a device keyword
+            torch._C._nn._parse_to: _call,
+            torch.nn.functional.one_hot: one_hot_handler(self),
+            torch.nn.functional.ctc_loss: ctc_loss_handler(self),
+            torch._pack_padded_sequence: host_outputs_handler(self, (1,)),
+            torch._pad_packed_sequence: host_outputs_handler(self, (1,)),
         }
 
     @property
@@ -104,6 +117,14 @@ class SimDevice:
 
     def mark_cuda(self, t: Tensor) -> None:
         self.cuda_marks.add(_storage(t))
+
+    def mixed(self, info: Any, ins: list[Tensor], dev_in: list[bool]) -> bool:
+        """An op over tensors on both devices: raise what a real GPU raises, unless the op
+        takes them so; True if it is `copy_` between them (a copy, run as one)."""
+        if info.mixed_ok:
+            return info.short == "copy_"
+        self.check_mixed(ins, dev_in)
+        return False
 
     def check_mixed(self, ins: list[Tensor], dev_in: list[bool]) -> None:
         """Raise what a real GPU raises for an op over tensors on two devices."""
@@ -189,11 +210,19 @@ class SimDevice:
 
     def dispatch_transfer(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """`aten::_to_copy` to a real cuda device, from torch code the function mode did not
-        see (a factory under torch.set_default_device("cuda"), say): a copy to the device."""
+        see (a factory under torch.set_default_device("cuda"), say): a copy to the device.
+        (One to the host cannot be told from a change of dtype: aten names the host device
+        in both; the ops whose C++ code copies to the host are in tracer/syncpoints.py.)"""
         with torch._C.DisableTorchFunction():
             return self.transfer(args[0], CUDA0, kwargs.get("dtype"),
                                  bool(kwargs.get("non_blocking", False)), True,
                                  kwargs.get("memory_format"), self.st.trigger or "to")
+
+    def dispatch_copy(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`aten::copy_` between the host and the device from torch's C++ code (a composite
+        op's), recorded at the user's line."""
+        with torch._C.DisableTorchFunction():
+            return self._copy_(func, args, kwargs)
 
     def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
         device = args[1] if len(args) > 1 else kwargs.get("device")
@@ -327,8 +356,7 @@ class SimDevice:
         if pin:
             new_kwargs["pin_memory"] = False
         cuda = None if device is None else device.type == "cuda"
-        first = 1 if func is Tensor.new_tensor else 0
-        data = args[first] if len(args) > first else kwargs.get("data")
+        data = self.read_factory_data(func, args, kwargs)
         copies = (cuda and func in DATA_FACTORIES
                   and not (isinstance(data, Tensor) and self.on_device(data)))
         st = self.st
@@ -352,12 +380,32 @@ class SimDevice:
                          data if isinstance(data, Tensor) else None, outs[0], site)
         return out
 
+    def read_factory_data(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The data argument of a factory (`torch.tensor(data)`, ...), with the reads of the
+        device tensors inside a list of them recorded: torch reads each one's value."""
+        first = 1 if func is Tensor.new_tensor else 0
+        data = args[first] if len(args) > first else kwargs.get("data")
+        if isinstance(data, (list, tuple)):
+            for t in tensors_in_data(data):
+                if self.on_device(t):
+                    self.read_back(t, "factory", t.nbytes)
+        return data
+
+    def storage_copy(self, direction: str, storage: Any, trigger: str) -> None:
+        """A whole storage copied between host and device by torch.save or torch.load."""
+        with self.suspended(), torch._C.DisableTorchFunction():
+            view = torch.empty(0, dtype=torch.uint8).set_(storage)
+        st = self.st
+        st.gap()
+        st.sync_copy(direction, trigger, storage.nbytes(), view, st.sites.resolve(), 0)
+        st.returned()
+
     # ----- reads to the host -----
     def _repr(self, func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
         if not self.on_device(t):
             return func(*args, **kwargs)
-        self._read_back(t, "print", printed_bytes(t))
+        self.read_back(t, "print", printed_bytes(t))
         return self._device_repr(t, kwargs.get("tensor_contents"))
 
     def _device_repr(self, t: Tensor, tensor_contents: Any = None) -> str:
@@ -378,16 +426,17 @@ class SimDevice:
                 st.trigger = prev
         if args[1:] and args[1]:
             return func(*args, **kwargs)  # a format spec on a non-scalar: torch's TypeError
-        self._read_back(t, "print", printed_bytes(t))
+        self.read_back(t, "print", printed_bytes(t))
         return self._device_repr(t)
 
     def _tolist(self, func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
         if self.on_device(t):
-            self._read_back(t, "tolist", t.nbytes)
+            self.read_back(t, "tolist", t.nbytes)
         return func(*args, **kwargs)
 
-    def _read_back(self, t: Tensor, trigger: str, nbytes: int) -> None:
+    def read_back(self, t: Tensor, trigger: str, nbytes: int) -> None:
+        """A read of `nbytes` of the device tensor `t` that the host waits for."""
         st = self.st
         st.gap()
         st.sync_copy("DtoH", trigger, nbytes, t, st.sites.resolve(), 0)

@@ -266,6 +266,10 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "stream": stream,
         "set_stream": lambda s: None,
         "device": _SimDeviceCtx,
+        # what torch.cuda.device / device_of switch with (a CUDA build of torch without a
+        # driver would fail there); the one device is always current
+        "_exchange_device": lambda device: -1 if device < 0 else 0,
+        "_maybe_exchange_device": lambda device: -1 if device < 0 else 0,
         "is_current_stream_capturing": lambda: False,
     }
 

@@ -1,0 +1,179 @@
+"""Where torch's own code asks about devices below the function mode, answered as a GPU would.
+
+The simulated device lives in marks on host storages (marks.py). Calls into C++ that group
+tensors by device, the serializer's storage tags and restores, and CPU-only checks inside
+composite ops do not go through `Tensor.device`, so they would see the host. Each piece here
+makes one of them agree with the simulated device, for the tracer's run only: the patches
+are undone on exit with the rest (tracer/__init__.py).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .marks import CUDA0
+
+
+def group_by_device_patch(sim: Any) -> tuple[Any, str, Callable[..., Any]]:
+    """`torch._C._group_tensors_by_device_and_dtype` (what foreach optimizers and clip_grad
+    group parameters with) keyed by the simulated device: a group of device tensors is keyed
+    cuda:0, so `t.to(device)` of a group's result stays on the device as it does on a GPU."""
+    original = torch._C._group_tensors_by_device_and_dtype
+    on_device = sim.on_device
+
+    def group(tensorlistlist: Any, with_indices: bool = False) -> dict:
+        grouped = original(tensorlistlist, with_indices)
+        out: dict = {}
+        for (device, dtype), (lists, indices) in grouped.items():
+            firsts = lists[0]
+            flags = [t is not None and on_device(t) for t in firsts]
+            if device.type != "cpu" or not any(flags):
+                out[(device, dtype)] = (lists, indices)
+                continue
+            for key, keep in (((CUDA0, dtype), True), ((device, dtype), False)):
+                picked = [j for j, flag in enumerate(flags) if flag is keep]
+                if picked:
+                    out[key] = ([[lst[j] for j in picked] if lst else lst for lst in lists],
+                                [indices[j] for j in picked] if indices else indices)
+        return out
+
+    return torch._C, "_group_tensors_by_device_and_dtype", group
+
+
+def cudnn_patch() -> tuple[Any, str, Callable[..., Any]]:
+    """`torch.backends.cudnn.is_acceptable` says no: a simulated device tensor runs the host's
+    kernels, never cuDNN's (which a CUDA build of torch would try, without a GPU, from
+    `RNN.flatten_parameters`; a CPU build would warn that it has no cuDNN)."""
+    return torch.backends.cudnn, "is_acceptable", lambda tensor: False
+
+
+@contextmanager
+def serialization(sim: Any) -> Iterator[None]:
+    """torch.save tags a device tensor's storage "cuda:0" and copies it to the host (a DtoH
+    copy, recorded as `save`); torch.load restores a storage tagged or mapped to "cuda" onto
+    the device (an HtoD copy, recorded as `load`), where a CPU-only torch would fail."""
+    from torch import serialization as ser
+
+    def tag(storage: Any) -> str | None:
+        untyped = getattr(storage, "_untyped_storage", storage)
+        if not sim.cuda_marks.has(untyped):
+            return None  # the next taggers decide (the host's says "cpu")
+        sim.storage_copy("DtoH", untyped, "save")
+        return "cuda:0"
+
+    def restore(storage: Any, location: str) -> Any:
+        if not location.startswith("cuda"):
+            return None
+        index = location.partition(":")[2]
+        if index and int(index) != 0:
+            raise RuntimeError(f"Attempting to deserialize object on CUDA device {index} but "
+                               "torch.cuda.device_count() is 1 (the simulated GPU). Please "
+                               "use torch.load with map_location to map your storages to an "
+                               "existing device.")
+        untyped = getattr(storage, "_untyped_storage", storage)
+        sim.cuda_marks.add(untyped)
+        sim.storage_copy("HtoD", untyped, "load")
+        return storage
+
+    entry = (-1, tag, restore)  # before the host's own tagger, which would say "cpu"
+    ser._package_registry.insert(0, entry)
+    try:
+        yield
+    finally:
+        if entry in ser._package_registry:
+            ser._package_registry.remove(entry)
+
+
+def call_on_device(sim: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a handled call as the function mode runs one: an op inside it with no tensor
+    inputs (a factory in C++ code) is on the device if the call's arguments are."""
+    st = sim.st
+    prev, st.call_args = st.call_args, (args, kwargs)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        st.call_args = prev
+
+
+def one_hot_handler(sim: Any) -> Callable[..., Any]:
+    """F.one_hot of a device tensor: the CPU kernel's range check (a read of the minimum and
+    maximum) is one PyTorch runs for CPU tensors only; without `num_classes` a GPU reads the
+    maximum, recorded as `item`."""
+
+    def one_hot(func: Any, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor) or not sim.on_device(x):
+            return func(*args, **kwargs)
+        classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+        st = sim.st
+        if classes is None or classes < 0:
+            sim.read_back(x, "item", 8)  # (a GPU reads it with item(), so named)
+        st.cpu_only_checks += 1
+        try:
+            return call_on_device(sim, func, args, kwargs)
+        finally:
+            st.cpu_only_checks -= 1
+
+    return one_hot
+
+
+def tensors_in_data(data: Any) -> list[torch.Tensor]:
+    """The tensors inside a factory's nested list data (`torch.tensor([a, b])`), looked for
+    only where the first leaf is one: a list of Python numbers costs one walk down."""
+    probe = data
+    while isinstance(probe, (list, tuple)) and probe:
+        probe = probe[0]
+    if not isinstance(probe, torch.Tensor):
+        return []
+    found: list[torch.Tensor] = []
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return found
+
+
+def host_outputs_handler(sim: Any, indices: tuple[int, ...]) -> Callable[..., Any]:
+    """A call some of whose outputs PyTorch keeps on the host whatever the device of its
+    inputs (a packed sequence's batch sizes, a padded one's lengths): they are unmarked."""
+
+    def call(func: Any, args: tuple, kwargs: dict) -> Any:
+        out = call_on_device(sim, func, args, kwargs)
+        for i in indices:
+            sim.cuda_marks.discard(out[i].untyped_storage())
+        return out
+
+    return call
+
+
+def ctc_loss_handler(sim: Any) -> Callable[..., Any]:
+    """F.ctc_loss with device log-probs: length tensors on the device are read to the host
+    (`ctc_loss`, one copy each), as PyTorch's CUDA path does before it runs on lists of
+    lengths; it runs on those lists here too, as on a GPU."""
+
+    def ctc_loss(func: Any, args: tuple, kwargs: dict) -> Any:
+        args = list(args)
+        if not args or not sim.on_device(args[0]):
+            return func(*args, **kwargs)
+        for i, name in ((2, "input_lengths"), (3, "target_lengths")):
+            lengths = args[i] if len(args) > i else kwargs.get(name)
+            if not isinstance(lengths, torch.Tensor):
+                continue
+            if sim.on_device(lengths):
+                sim.read_back(lengths, "ctc_loss", lengths.nbytes)
+            with sim.suspended(), torch._C.DisableTorchFunction():
+                values = tuple(lengths.tolist())
+            if len(args) > i:
+                args[i] = values
+            else:
+                kwargs = {**kwargs, name: values}
+        return call_on_device(sim, func, tuple(args), kwargs)
+
+    return ctc_loss
+
