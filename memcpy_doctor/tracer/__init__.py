@@ -34,6 +34,7 @@ from .collector import CopyEvent
 from .cuda import CudaTimer, SyncHooks, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .sim.device import SimDevice
+from .sim.autocast import cuda_autocast
 from .sim.torchlib import cudnn_patch, group_by_device_patch, serialization
 from .state import TraceState
 
@@ -123,11 +124,13 @@ class Tracer:
                 handlers = self._handlers(state)
                 _sim._ACTIVE["sim"] = sim
                 stack.callback(_sim._ACTIVE.clear)
+                autocast = stack.enter_context(cuda_autocast(sim))
                 stack.enter_context(_Patch(
                     [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]
                     + [(torch.accelerator, k, v)
                        for k, v in _sim.accelerator_patches(sim).items()]
-                    + [_sim.pin_memory_patch(sim), group_by_device_patch(sim), cudnn_patch()]))
+                    + [_sim.pin_memory_patch(sim), group_by_device_patch(sim), cudnn_patch()]
+                    + autocast))
                 stack.enter_context(serialization(sim))
             else:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
