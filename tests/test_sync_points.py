@@ -37,10 +37,28 @@ def test_mask_assignment(tmp_path, device):
         t[t > 4] = torch.tensor(1.0)
         t[t > 4] = t[0]  # expect: DtoH sync mask
         t[t > 4] = torch.zeros(1, device="cuda")  # expect: DtoH sync mask
-        t.index_put_((t > 1,), torch.tensor(2.0), accumulate=True)  # expect: DtoH sync mask
+        t.index_put_((t > 1,), torch.tensor(2.0), accumulate=True)  # expect: HtoD sync index; DtoH sync mask
         m = t > 2
         s = t.masked_scatter(m, torch.ones(6, device="cuda"))
         t.masked_scatter_(m, torch.ones(6, device="cuda"))
+    """, device)
+
+
+def test_assignments_of_host_scalars(tmp_path, device):
+    """A number assigned through an index is a host 0-dim tensor, sent over before the write
+    (`copy_to`'s `dst.copy_(src)`, `_index_put_impl_`'s `value.to(self.device())`), except
+    where PyTorch fills with it (a row: `fill_`; a mask: `masked_fill_`)."""
+    check(tmp_path, """
+        import torch
+        t = torch.arange(6.0, device="cuda")
+        t[0] = 3.0  # expect: HtoD sync copy_
+        m = torch.zeros(3, 6, device="cuda")
+        m[0] = 2.0
+        m[:, 1:3] = 1.0
+        idx = torch.tensor([1, 2], device="cuda")  # expect: HtoD sync factory
+        t[idx] = 5.0  # expect: HtoD sync index
+        t[idx] = torch.ones(2, device="cuda")
+        t.index_put_((idx,), torch.tensor(1.0), accumulate=True)  # expect: HtoD sync index
     """, device)
 
 

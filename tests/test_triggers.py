@@ -154,7 +154,7 @@ def test_host_index_tensor(tmp_path, device):
         idx = torch.tensor([0, 2])
         a = t[idx]  # expect: HtoD sync index
         b = t[torch.tensor(1)]
-        t[idx] = 1.0  # expect: HtoD sync index
+        t[idx] = 1.0  # expect: HtoD sync index; HtoD sync index
         c = t[torch.tensor([0, 1], device="cuda")]  # expect: HtoD sync factory
         d = t[1:3]
     """, device)

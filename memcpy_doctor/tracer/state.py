@@ -191,18 +191,23 @@ class TraceState:
 
     def _index_copies(self, info: OpInfo, args: tuple, kwargs: dict, site: Any) -> None:
         """Indexing a device tensor: a device mask is counted on the host (DtoH); a host index
-        tensor is copied to the device first (HtoD). `t[mask] = scalar` reads nothing: PyTorch
-        hands a lone device mask with a one-element host value to `masked_fill_`."""
+        tensor is copied to the device first (HtoD), and so is a 0-dim host value assigned
+        (`t[idx] = 5.0`). `t[mask] = scalar` copies nothing: PyTorch hands a lone device mask
+        with a one-element host value to `masked_fill_`."""
         on_device = self.on_device
         if not on_device(args[0]):
             return
         indices = index_tensors(info, args)
-        if info.short != "index" and len(indices) == 1 and is_mask(indices[0]):
+        if info.short != "index":  # an assignment: `t[indices] = value`
             value = args[2] if len(args) > 2 else kwargs.get("values")
+            host_scalar = (isinstance(value, Tensor) and value.numel() == 1
+                           and not on_device(value))
             accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-            if (not accumulate and isinstance(value, Tensor) and value.numel() == 1
-                    and not on_device(value) and on_device(indices[0])):
-                return
+            if (host_scalar and not accumulate and len(indices) == 1 and is_mask(indices[0])
+                    and on_device(indices[0])):
+                return  # masked_fill_ with the value read on the host: no copy
+            if host_scalar and value.dim() == 0:  # sent over first: value.to(self.device())
+                self.sync_copy("HtoD", "index", value.nbytes, value, site, 0)
         for idx in indices:
             if on_device(idx):
                 if is_mask(idx):
