@@ -56,6 +56,31 @@ def test_cuda_queries_answer_as_one_gpu():
     assert not torch.cuda.is_available()  # restored on exit
 
 
+def test_rng_state_memory_summary_and_checkpointing():
+    """What training code asks of torch.cuda beyond the device queries: the RNG state (the
+    host generator's, which draws the device's numbers), memory_stats / memory_summary from
+    the simulated allocations, activation checkpointing, the deprecated torch.cuda.amp API,
+    Module.to(device=...)."""
+    from torch.utils.checkpoint import checkpoint
+    with memcpy_doctor.profiler(device="sim"):
+        lin = torch.nn.Linear(8, 8).to(device="cuda")
+        assert lin.weight.is_cuda
+        state = torch.cuda.get_rng_state()
+        first = torch.randn(3, device="cuda").tolist()
+        torch.cuda.set_rng_state(state)
+        assert torch.randn(3, device="cuda").tolist() == first
+        x = torch.randn(4, 8, device="cuda", requires_grad=True)
+        checkpoint(lambda a: torch.nn.functional.dropout(lin(a), 0.5), x,
+                   use_reentrant=False).sum().backward()
+        assert x.grad.is_cuda
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == torch.cuda.memory_allocated() > 0
+        assert stats["allocated_bytes.all.peak"] == torch.cuda.max_memory_allocated()
+        assert "PyTorch CUDA memory summary" in torch.cuda.memory_summary()
+        with pytest.warns(FutureWarning), torch.cuda.amp.autocast():  # (deprecated API)
+            assert lin(x).dtype == torch.float16
+
+
 def test_tensors_report_cuda_devices():
     with memcpy_doctor.profiler(device="sim"):
         h = torch.ones(3)

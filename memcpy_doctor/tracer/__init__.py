@@ -130,7 +130,7 @@ class Tracer:
                     + [(torch.accelerator, k, v)
                        for k, v in _sim.accelerator_patches(sim).items()]
                     + [_sim.pin_memory_patch(sim), group_by_device_patch(sim), cudnn_patch()]
-                    + autocast))
+                    + _sim.memory_stats_patches(sim) + autocast))
                 stack.enter_context(serialization(sim))
             else:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)

@@ -271,7 +271,34 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "_exchange_device": lambda device: -1 if device < 0 else 0,
         "_maybe_exchange_device": lambda device: -1 if device < 0 else 0,
         "is_current_stream_capturing": lambda: False,
+        # random numbers "on the device" are drawn from the host's generator: its state is
+        # the device's (torch.utils.checkpoint and seeding helpers save and restore it)
+        "get_rng_state": lambda device="cuda": torch.get_rng_state(),
+        "set_rng_state": lambda new_state, device="cuda": torch.set_rng_state(new_state),
+        "get_rng_state_all": lambda: [torch.get_rng_state()],
+        "set_rng_state_all": lambda new_states: torch.set_rng_state(new_states[0]),
     }
+
+
+def memory_stats_patches(sim: Any) -> list[tuple[Any, str, Any]]:
+    """torch.cuda.memory_stats (and memory_summary, which reads it) from the simulated
+    allocations: allocated and active bytes and their peak; the allocator's other counters,
+    which the simulated GPU does not model, read 0."""
+    from collections import defaultdict
+
+    from torch.cuda import memory as module
+
+    marks = sim.cuda_marks
+
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        stats: dict[str, int] = defaultdict(int, num_alloc_retries=0, num_ooms=0)
+        for metric in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes"):
+            for pool in ("all", "large_pool"):
+                stats[f"{metric}.{pool}.current"] = marks.allocated
+                stats[f"{metric}.{pool}.peak"] = marks.peak
+        return stats
+
+    return [(torch.cuda, "memory_stats", memory_stats), (module, "memory_stats", memory_stats)]
 
 
 def accelerator_patches(sim: Any) -> dict[str, Any]:
