@@ -60,7 +60,7 @@ def test_rng_state_memory_summary_and_checkpointing():
     """What training code asks of torch.cuda beyond the device queries: the RNG state (the
     host generator's, which draws the device's numbers), memory_stats / memory_summary from
     the simulated allocations, activation checkpointing, the deprecated torch.cuda.amp API,
-    Module.to(device=...)."""
+    Module.to(device=...), a generator made for cuda."""
     from torch.utils.checkpoint import checkpoint
     with memcpy_doctor.profiler(device="sim"):
         lin = torch.nn.Linear(8, 8).to(device="cuda")
@@ -79,6 +79,12 @@ def test_rng_state_memory_summary_and_checkpointing():
         assert "PyTorch CUDA memory summary" in torch.cuda.memory_summary()
         with pytest.warns(FutureWarning), torch.cuda.amp.autocast():  # (deprecated API)
             assert lin(x).dtype == torch.float16
+        g = torch.Generator(device="cuda").manual_seed(3)
+        a = torch.randn(3, device="cuda", generator=g)
+        assert g.device == torch.device("cuda", 0) and a.is_cuda
+        assert torch.equal(a, torch.randn(3, device="cuda", generator=g.manual_seed(3)))
+        assert isinstance(torch.default_generator, torch.Generator)
+    assert torch.Generator is torch._C.Generator
 
 
 def test_tensors_report_cuda_devices():

@@ -50,6 +50,38 @@ def cudnn_patch() -> tuple[Any, str, Callable[..., Any]]:
     return torch.backends.cudnn, "is_acceptable", lambda tensor: False
 
 
+class _AnyGenerator(type(torch._C.Generator)):
+    """The simulated generator class's type: every torch generator is an instance of it, as
+    of `torch.Generator`, whatever made it (and when)."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _HOST_GENERATOR)
+
+
+_HOST_GENERATOR = torch._C.Generator
+
+
+class SimGenerator(_HOST_GENERATOR, metaclass=_AnyGenerator):
+    """`torch.Generator(device="cuda")` on the simulated GPU: a host generator (the device's
+    random numbers are drawn on the host) that says it is on cuda:0."""
+
+    def __new__(cls, device: Any = "cpu") -> Any:
+        on_device = torch.device(device).type == "cuda" if device is not None else False
+        generator = super().__new__(cls, "cpu")
+        generator._memcpy_doctor_cuda = on_device
+        return generator
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return CUDA0 if self._memcpy_doctor_cuda else _HOST_GENERATOR.device.__get__(self)
+
+
+def generator_patch() -> tuple[Any, str, Any]:
+    """`torch.Generator` is SimGenerator while the tracer runs (a CPU build of torch has no
+    CUDA generator to make)."""
+    return torch, "Generator", SimGenerator
+
+
 @contextmanager
 def serialization(sim: Any) -> Iterator[None]:
     """torch.save tags a device tensor's storage "cuda:0" and copies it to the host (a DtoH
