@@ -182,6 +182,15 @@ def test_errors_reach_the_caller(table_type):
         table.write((3,), Op("mm"), False)  # not weakly referenceable
 
 
+def test_a_sparse_tensor_counts_no_bytes(table_type):
+    """A sparse tensor has no nbytes (it raises): the op is recorded with 0 bytes for it,
+    rather than the program stopping."""
+    table = table_type()
+    sparse = torch.eye(3).to_sparse()
+    assert table.write((sparse,), Op("to_sparse"), True) == 0
+    assert table.read((sparse,), {}, True) == 0
+
+
 def _can_compile() -> bool:
     """A C compiler and Python's headers: what building the extension needs."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]

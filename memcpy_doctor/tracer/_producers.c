@@ -150,10 +150,26 @@ static int put(Table *t, PyObject *o, PyObject *value, int64_t nbytes) {
     return 0;
 }
 
-/* o.nbytes, or -2 with an exception set */
+/* o.nbytes (0 for a sparse tensor, which has none), or -2 with an exception set */
 static int64_t nbytes_of(PyObject *o) {
     PyObject *n = PyObject_GetAttr(o, str_nbytes);
     if (n == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError)) { /* rare: only then ask why */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *sparse = PyObject_GetAttrString(o, "is_sparse");
+            int is_sparse = sparse != NULL && PyObject_IsTrue(sparse) == 1;
+            Py_XDECREF(sparse);
+            if (is_sparse) {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(tb);
+                PyErr_Clear();
+                return 0;
+            }
+            PyErr_Clear();
+            PyErr_Restore(type, value, tb);
+        }
         return -2;
     }
     int64_t v = PyLong_AsLongLong(n);

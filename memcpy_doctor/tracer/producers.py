@@ -20,6 +20,16 @@ from typing import Any, Sequence
 from ..core.defaults import PRODUCER_SWEEP_MIN
 
 
+def nbytes(t: Any) -> int:
+    """t.nbytes, and 0 for a sparse tensor, which has none (it raises RuntimeError)."""
+    try:
+        return t.nbytes
+    except RuntimeError:
+        if getattr(t, "is_sparse", False):
+            return 0
+        raise
+
+
 class _Entry(weakref.ref):
     """A weak reference to a tensor, with what the table knows about it: `value` (what made
     its data) and `nbytes` (its size when the op that made it was a kernel; -1: not known).
@@ -55,7 +65,7 @@ class PyProducerTable:
             if made is not None and made() is t:
                 size = made.nbytes
                 if size < 0:
-                    size = t.nbytes
+                    size = nbytes(t)
                 edge = flows_in.get(made.value)
                 if edge is None:
                     edge = flows_in[made.value] = [0, 0]
@@ -63,7 +73,7 @@ class PyProducerTable:
                 edge[1] += size
                 total += size
             elif kernel:
-                total += t.nbytes
+                total += nbytes(t)
         return total
 
     def write(self, outs: Sequence[Any], producer: Any, kernel: bool) -> int:
@@ -74,7 +84,7 @@ class PyProducerTable:
         for o in outs:
             size = -1
             if kernel:  # first: a failing size leaves no half-made entry
-                size = o.nbytes
+                size = nbytes(o)
                 total += size
             made = entries.get(id(o))
             if made is None or made() is not o:
