@@ -44,6 +44,9 @@ def no_tracer_left_behind():
     if torch._C._group_tensors_by_device_and_dtype is not _ORIGINAL_GROUPING:
         problems.append("torch._C._group_tensors_by_device_and_dtype is still patched")
         torch._C._group_tensors_by_device_and_dtype = _ORIGINAL_GROUPING
+    if torch.Generator is not torch._C.Generator:
+        problems.append("torch.Generator is still patched")
+        torch.Generator = torch._C.Generator
     if torch.serialization._package_registry != _ORIGINAL_SERIALIZERS:
         problems.append("torch.serialization's registry still holds the tracer's entry")
         torch.serialization._package_registry[:] = _ORIGINAL_SERIALIZERS

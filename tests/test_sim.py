@@ -87,6 +87,29 @@ def test_rng_state_memory_summary_and_checkpointing():
     assert torch.Generator is torch._C.Generator
 
 
+def test_calls_a_cpu_build_lacks_run_as_on_one_gpu():
+    """DataParallel over the one device, NVTX ranges, a memory fraction, record_stream: what
+    a CPU build of torch cannot do, and a GPU run does."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        model = torch.nn.DataParallel(torch.nn.Linear(4, 2).cuda())
+        out = model(torch.randn(3, 4))  # a host input: DataParallel's scatter copies it over
+        out.sum().backward()
+        assert out.is_cuda and model.module.weight.grad.is_cuda
+        with torch.cuda.nvtx.range("step"):
+            torch.cuda.nvtx.range_push("inner")
+            torch.cuda.nvtx.range_pop()
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        with pytest.raises(ValueError):
+            torch.cuda.set_per_process_memory_fraction(2.0)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            x = torch.ones(3, device="cuda")
+        x.record_stream(s)
+        assert s.device == torch.device("cuda", 0)
+    scatter = [c for c in prof.trace.copies if c.direction == "HtoD" and c.bytes == 48]
+    assert len(scatter) == 1 and scatter[0].sync
+
+
 def test_tensors_report_cuda_devices():
     with memcpy_doctor.profiler(device="sim"):
         h = torch.ones(3)

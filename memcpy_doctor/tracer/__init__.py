@@ -132,7 +132,7 @@ class Tracer:
                        for k, v in _sim.accelerator_patches(sim).items()]
                     + [_sim.pin_memory_patch(sim), group_by_device_patch(sim), cudnn_patch(),
                        generator_patch()]
-                    + _sim.memory_stats_patches(sim) + autocast))
+                    + _sim.memory_stats_patches(sim) + _sim.torch_c_patches() + autocast))
                 stack.enter_context(serialization(sim))
             else:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)

@@ -143,12 +143,24 @@ class SimEvent:
         return (end_event._device_ns - self._device_ns) / 1e6
 
 
-class SimStream:
-    """torch.cuda.Stream on the simulated GPU: one in-order queue, like the default stream."""
+class SimStream(torch.Stream):
+    """torch.cuda.Stream on the simulated GPU: one in-order queue, like the default stream.
+    A torch.Stream (of the host) underneath, so that calls that parse a stream argument in
+    C++ (`Tensor.record_stream`) take it."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
+        return super().__new__(cls, device="cpu")
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = CUDA0
-        self.priority = priority
+        self.sim_priority = priority
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return CUDA0
+
+    @property
+    def priority(self) -> int:  # type: ignore[override]
+        return self.sim_priority
 
     def synchronize(self) -> None:
         sim = _ACTIVE.get("sim")
@@ -218,6 +230,42 @@ def _check_device(device: Any = None) -> None:
         raise RuntimeError("CUDA error: invalid device ordinal (simulated GPU has one device)")
 
 
+def _memory_fraction(fraction: float, device: Any = None) -> None:
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _check_device(device)  # (the simulated allocations are not capped)
+
+
+class _NoNvtx:
+    """torch.cuda.nvtx's ranges and marks on the simulated GPU: no profiler to annotate."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: 0
+
+
+def _data_parallel_scatter(module: Any, inputs: Any, kwargs: Any, device_ids: Any) -> tuple:
+    """DataParallel.scatter over the one simulated device: the inputs, each tensor copied over
+    if it is on the host (a CPU build of torch has no torch._C._scatter)."""
+    from torch.utils._pytree import tree_map_only
+
+    if [int(d) for d in device_ids] != [0]:
+        raise RuntimeError("CUDA error: invalid device ordinal (the simulated GPU has one "
+                           "device, cuda:0)")
+
+    def move(obj: Any) -> Any:
+        return tree_map_only(torch.Tensor, lambda t: t.to(CUDA0), obj)
+
+    return (move(tuple(inputs)),), (move(dict(kwargs or {})),)
+
+
+def torch_c_patches() -> list[tuple[Any, str, Any]]:
+    """What a CPU build of torch lacks and CUDA code reaches without asking torch.cuda: NVTX
+    ranges, DataParallel's scatter."""
+    from torch.cuda import nvtx
+    return [(nvtx, "_nvtx", _NoNvtx()),
+            (torch.nn.DataParallel, "scatter", _data_parallel_scatter)]
+
+
 def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
     """Replacements for torch.cuda's device queries, answered as one simulated GPU."""
     marks = sim.cuda_marks
@@ -277,6 +325,7 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "set_rng_state": lambda new_state, device="cuda": torch.set_rng_state(new_state),
         "get_rng_state_all": lambda: [torch.get_rng_state()],
         "set_rng_state_all": lambda new_states: torch.set_rng_state(new_states[0]),
+        "set_per_process_memory_fraction": _memory_fraction,
     }
 
 
