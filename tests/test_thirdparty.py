@@ -14,8 +14,6 @@ pair where they run."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import pathlib
 import subprocess
@@ -26,8 +24,6 @@ import torch
 
 import memcpy_doctor
 from memcpy_doctor import load_trace
-from memcpy_doctor.run.runner import run_script
-from memcpy_doctor.tracer import Tracer
 
 try:
     import transformers

@@ -1,6 +1,6 @@
 """torchvision fasterrcnn_mobilenet_v3_large_320_fpn, random weights, in eval on 2 random
 images."""
-import torch, torchvision
+import torch
 from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
 
 torch.manual_seed(0)
