@@ -109,6 +109,10 @@ def test_linalg_checks_inside_ops(tmp_path, device):
         c = torch.linalg.svd(m)  # expect: DtoH sync linalg_check; DtoH sync linalg_check
         d = torch.linalg.cholesky(m)  # expect: DtoH sync linalg_check
         e, info = torch.linalg.cholesky_ex(m)
+        f = torch.linalg.pinv(m)  # expect: DtoH sync linalg_check; DtoH sync linalg_check
+        g = torch.linalg.pinv(m, hermitian=True)  # expect: DtoH sync linalg_check
+        h = torch.linalg.eig(m)  # expect: DtoH sync linalg_check
+        i = torch.linalg.det(m)
     """, device)
 
 

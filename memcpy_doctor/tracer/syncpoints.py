@@ -111,6 +111,11 @@ def _svd(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     return [("DtoH", args[0], 4 * _batch(args[0])), ("DtoH", args[0], 1)]
 
 
+def _pinv(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    hermitian = args[3] if len(args) > 3 else kwargs.get("hermitian", False)
+    return _check_errors(args, kwargs, out) if hermitian else _svd(args, kwargs, out)
+
+
 def _multinomial(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     samples = args[1] if len(args) > 1 else kwargs.get("num_samples")
     replacement = args[2] if len(args) > 2 else kwargs.get("replacement", False)
@@ -178,6 +183,8 @@ SYNC_RULES: dict[str, SyncRule] = {
     "aten::_linalg_check_errors": SyncRule("linalg_check", _check_errors),
     "aten::_linalg_eigh": SyncRule("linalg_check", _check_errors),
     "aten::_linalg_svd": SyncRule("linalg_check", _svd),
+    "aten::linalg_pinv": SyncRule("linalg_check", _pinv),
+    "aten::linalg_eig": SyncRule("linalg_check", _check_errors),
     "aten::_ctc_loss": SyncRule("ctc_loss", _ctc_lengths),
     "aten::_nested_tensor_from_mask": SyncRule("nested_mask", _from_mask),
     "aten::_nested_tensor_from_mask_left_aligned": SyncRule("nested_mask", _left_aligned),
