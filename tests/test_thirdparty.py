@@ -71,6 +71,16 @@ def run_traced(name: str, tmp_path: pathlib.Path):
     return done.stdout, load_trace(str(trace_path))
 
 
+def run_unchanged(name: str, tmp_path: pathlib.Path, plain_env: dict | None = None):
+    """The program's trace under the tracer, once its result line is checked to be the one a
+    plain run prints, and its copies to hold none of the old phantoms."""
+    want = run_plain(name, plain_env)
+    got, trace = run_traced(name, tmp_path)
+    assert _result_line(got) == want
+    assert_no_phantoms(trace)
+    return trace
+
+
 def sync_sites(trace) -> set[tuple[str, str, str]]:
     """(direction, trigger, "dir/file.py") of every sync copy, the file's last two parts."""
     return {(c.direction, c.trigger, "/".join(pathlib.Path(c.site.file).parts[-2:]))
@@ -141,10 +151,7 @@ def test_bert_train_step_matches_cpu():
 @pytest.mark.thirdparty
 @_needs("transformers", "accelerate")
 def test_hf_trainer_with_clipping(tmp_path):
-    want = run_plain("hf_trainer.py")
-    got, trace = run_traced("hf_trainer.py", tmp_path)
-    assert _result_line(got) == want
-    assert_no_phantoms(trace)
+    trace = run_unchanged("hf_trainer.py", tmp_path)
     sites = sync_sites(trace)
     assert ("DtoH", "item", "transformers/trainer.py") in sites  # the logged loss
     assert any(o.op == "aten::addmm" and o.device == "cuda:0" for o in trace.ops)
@@ -154,10 +161,7 @@ def test_hf_trainer_with_clipping(tmp_path):
 @_needs("lightning")
 def test_lightning_trainer_on_gpu(tmp_path):
     # without a GPU, Lightning refuses accelerator="gpu": the plain run is on "cpu"
-    want = run_plain("lightning_gpu.py", {"ACCEL": "cpu"})
-    got, trace = run_traced("lightning_gpu.py", tmp_path)
-    assert _result_line(got) == want
-    assert_no_phantoms(trace)
+    trace = run_unchanged("lightning_gpu.py", tmp_path, {"ACCEL": "cpu"})
     # the logged loss, read back for the progress bar
     assert ("DtoH", "item", "utilities/apply_func.py") in sync_sites(trace)
 
@@ -165,10 +169,7 @@ def test_lightning_trainer_on_gpu(tmp_path):
 @pytest.mark.thirdparty
 @_needs("accelerate")
 def test_accelerate_with_pinned_loader_and_clipping(tmp_path):
-    want = run_plain("accel.py")
-    got, trace = run_traced("accel.py", tmp_path)
-    assert _result_line(got) == want
-    assert_no_phantoms(trace)
+    trace = run_unchanged("accel.py", tmp_path)
     batches = [c for c in trace.copies if c.direction == "HtoD" and c.pinned]
     assert batches and sum(c.calls for c in batches) == 12  # 6 batches of (x, y), pinned
     assert ("DtoH", "float", "programs/accel.py") in sync_sites(trace)
@@ -177,10 +178,7 @@ def test_accelerate_with_pinned_loader_and_clipping(tmp_path):
 @pytest.mark.thirdparty
 @_needs("torchmetrics")
 def test_torchmetrics_on_the_device(tmp_path):
-    want = run_plain("tmetrics.py")
-    got, trace = run_traced("tmetrics.py", tmp_path)
-    assert _result_line(got) == want
-    assert_no_phantoms(trace)
+    trace = run_unchanged("tmetrics.py", tmp_path)
     counts = [c for c in trace.copies if c.trigger == "bincount"]
     assert counts and sum(c.calls for c in counts) == 16  # 8 updates: minimum and maximum
 
@@ -200,10 +198,7 @@ def test_timm_with_amp_and_grad_scaler(tmp_path):
 @pytest.mark.thirdparty
 @_needs("torchvision")
 def test_torchvision_detection_records_nms(tmp_path):
-    want = run_plain("tv_detect.py")
-    got, trace = run_traced("tv_detect.py", tmp_path)
-    assert _result_line(got) == want
-    assert_no_phantoms(trace)
+    trace = run_unchanged("tv_detect.py", tmp_path)
     nms = [c for c in trace.copies if c.trigger == "nms"]
     assert nms and all(c.direction == "DtoH" and c.sync for c in nms)
 

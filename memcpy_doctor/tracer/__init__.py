@@ -35,8 +35,7 @@ from .cuda import CudaTimer, SyncHooks, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .sim.device import SimDevice
 from .sim.autocast import cuda_autocast
-from .sim.torchlib import (cudnn_patch, generator_patch, group_by_device_patch,
-                           serialization)
+from .sim.torchlib import serialization, torch_patches
 from .state import TraceState
 
 _active_lock = threading.Lock()
@@ -130,9 +129,8 @@ class Tracer:
                     [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]
                     + [(torch.accelerator, k, v)
                        for k, v in _sim.accelerator_patches(sim).items()]
-                    + [_sim.pin_memory_patch(sim), group_by_device_patch(sim), cudnn_patch(),
-                       generator_patch()]
-                    + _sim.memory_stats_patches(sim) + _sim.torch_c_patches() + autocast))
+                    + [_sim.pin_memory_patch(sim)] + _sim.memory_stats_patches(sim)
+                    + torch_patches(sim) + autocast))
                 stack.enter_context(serialization(sim))
             else:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)

@@ -21,6 +21,7 @@ from ..core.torch_private import ENGINE_RUN_BACKWARD
 from .collector import Collector, PendingCopy
 from .optable import SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask
 from .sites import SiteResolver
+from .syncpoints import COUNT_BYTES
 
 Tensor = torch.Tensor
 
@@ -211,7 +212,7 @@ class TraceState:
         for idx in indices:
             if on_device(idx):
                 if is_mask(idx):
-                    self.sync_copy("DtoH", "mask", 4, idx, site, 0)
+                    self.sync_copy("DtoH", "mask", COUNT_BYTES, idx, site, 0)
             elif idx.dim() >= 1:
                 self.sync_copy("HtoD", "index", idx.nbytes, idx, site, 0)
 

@@ -5,8 +5,9 @@ This is the table docs/cuda-sync-points.md describes row by row, with the line o
 `reads(args, kwargs, out)` lists the copies the op makes with these arguments, as
 (direction, tensor, bytes). A DtoH copy is made only where its tensor lives on the device
 (a value passed as a host tensor is read without a wait); an HtoD copy (an op that builds
-something on the host and sends it over) where its tensor, the op's output, does. Only the ops named here pay for this: the per-op path calls a rule for them
-alone (`OpInfo.reads`), never for the rest.
+something on the host and sends it over) where its tensor, the op's output, does. Only the
+ops named here pay for this: the per-op path calls a rule for them alone (`OpInfo.reads`),
+never for the rest.
 
 Users declare their own ops with `optable.register_sync_op` (exported as
 `memcpy_doctor.register_sync_op`).
@@ -37,8 +38,12 @@ class SyncRule:
     reads: Callable[[tuple, dict, Any], list[Read]]
 
 
+#: What an op that sizes its output by a count (nonzero, a mask) reads back: one int32.
+COUNT_BYTES = 4
+
+
 def _count(t: Tensor) -> list[Read]:
-    return [("DtoH", t, 4)]  # one int32 count, read back to size the output
+    return [("DtoH", t, COUNT_BYTES)]
 
 
 def _scalar(args: tuple, kwargs: dict, out: Any) -> list[Read]:

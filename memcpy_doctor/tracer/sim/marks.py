@@ -230,40 +230,15 @@ def _check_device(device: Any = None) -> None:
         raise RuntimeError("CUDA error: invalid device ordinal (simulated GPU has one device)")
 
 
+def _exchange_device(device: int) -> int:
+    """torch.cuda's device switch: the one device is always the current one."""
+    return -1 if device < 0 else 0
+
+
 def _memory_fraction(fraction: float, device: Any = None) -> None:
     if not 0 <= fraction <= 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
     _check_device(device)  # (the simulated allocations are not capped)
-
-
-class _NoNvtx:
-    """torch.cuda.nvtx's ranges and marks on the simulated GPU: no profiler to annotate."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: 0
-
-
-def _data_parallel_scatter(module: Any, inputs: Any, kwargs: Any, device_ids: Any) -> tuple:
-    """DataParallel.scatter over the one simulated device: the inputs, each tensor copied over
-    if it is on the host (a CPU build of torch has no torch._C._scatter)."""
-    from torch.utils._pytree import tree_map_only
-
-    if [int(d) for d in device_ids] != [0]:
-        raise RuntimeError("CUDA error: invalid device ordinal (the simulated GPU has one "
-                           "device, cuda:0)")
-
-    def move(obj: Any) -> Any:
-        return tree_map_only(torch.Tensor, lambda t: t.to(CUDA0), obj)
-
-    return (move(tuple(inputs)),), (move(dict(kwargs or {})),)
-
-
-def torch_c_patches() -> list[tuple[Any, str, Any]]:
-    """What a CPU build of torch lacks and CUDA code reaches without asking torch.cuda: NVTX
-    ranges, DataParallel's scatter."""
-    from torch.cuda import nvtx
-    return [(nvtx, "_nvtx", _NoNvtx()),
-            (torch.nn.DataParallel, "scatter", _data_parallel_scatter)]
 
 
 def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
@@ -316,8 +291,8 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "device": _SimDeviceCtx,
         # what torch.cuda.device / device_of switch with (a CUDA build of torch without a
         # driver would fail there); the one device is always current
-        "_exchange_device": lambda device: -1 if device < 0 else 0,
-        "_maybe_exchange_device": lambda device: -1 if device < 0 else 0,
+        "_exchange_device": _exchange_device,
+        "_maybe_exchange_device": _exchange_device,
         "is_current_stream_capturing": lambda: False,
         # random numbers "on the device" are drawn from the host's generator: its state is
         # the device's (torch.utils.checkpoint and seeding helpers save and restore it)

@@ -2,9 +2,10 @@
 
 The simulated device lives in marks on host storages (marks.py). Calls into C++ that group
 tensors by device, the serializer's storage tags and restores, and CPU-only checks inside
-composite ops do not go through `Tensor.device`, so they would see the host. Each piece here
-makes one of them agree with the simulated device, for the tracer's run only: the patches
-are undone on exit with the rest (tracer/__init__.py).
+composite ops do not go through `Tensor.device`, so they would see the host; and CUDA code
+reaches some of what a CPU build of torch lacks (NVTX, DataParallel's scatter) without asking
+torch.cuda. Each piece here makes one of them behave as on a one-GPU machine, for the
+tracer's run only: the patches are undone on exit with the rest (tracer/__init__.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,38 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .marks import CUDA0
+
+
+class _NoNvtx:
+    """torch.cuda.nvtx's ranges and marks on the simulated GPU: no profiler to annotate."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: 0
+
+
+def _data_parallel_scatter(module: Any, inputs: Any, kwargs: Any, device_ids: Any) -> tuple:
+    """DataParallel.scatter over the one simulated device: the inputs, each tensor copied over
+    if it is on the host (a CPU build of torch has no torch._C._scatter)."""
+    from torch.utils._pytree import tree_map_only
+
+    if [int(d) for d in device_ids] != [0]:
+        raise RuntimeError("CUDA error: invalid device ordinal (the simulated GPU has one "
+                           "device, cuda:0)")
+
+    def move(obj: Any) -> Any:
+        return tree_map_only(torch.Tensor, lambda t: t.to(CUDA0), obj)
+
+    return (move(tuple(inputs)),), (move(dict(kwargs or {})),)
+
+
+def torch_patches(sim: Any) -> list[tuple[Any, str, Any]]:
+    """The attributes of torch this module replaces for the run (applied and undone by the
+    tracer with the rest): grouping by device, cuDNN's check, the generator class, NVTX
+    ranges, DataParallel's scatter. (Serialization has its own context: `serialization`.)"""
+    from torch.cuda import nvtx
+    return [group_by_device_patch(sim), cudnn_patch(), generator_patch(),
+            (nvtx, "_nvtx", _NoNvtx()),
+            (torch.nn.DataParallel, "scatter", _data_parallel_scatter)]
 
 
 def group_by_device_patch(sim: Any) -> tuple[Any, str, Callable[..., Any]]:
