@@ -37,7 +37,7 @@ pinning modules built under a guard is in guards/device_modules.py.
 from __future__ import annotations
 
 import sys
-from contextlib import ContextDecorator, ExitStack
+from contextlib import ContextDecorator
 from typing import Any
 
 import torch
@@ -73,7 +73,7 @@ class device_guard(ContextDecorator):  # noqa: N801  (named as Paddle's, used li
     def __init__(self, device: str) -> None:
         self._name = device
         self.device = parse_device(device)
-        self._stacks: list[ExitStack] = []
+        self._stacks: list[tuple[_Entry, _GuardMode]] = []
 
     def __repr__(self) -> str:
         return f"device_guard({self._name!r})"
@@ -82,15 +82,30 @@ class device_guard(ContextDecorator):  # noqa: N801  (named as Paddle's, used li
         return type(self)(self._name)  # a decorated function's calls each get their own
 
     def __enter__(self) -> device_guard:
+        # (try blocks, not an ExitStack: entry and exit are on the user's path, and with an
+        # ExitStack an empty guard block took 20.6 us rather than 12.3 us on the build machine)
         entry = _Entry(self.device, _frames_from(sys._getframe(1)))
-        with ExitStack() as stack:
-            _hooks.acquire()
-            stack.callback(_hooks.release)
+        mode = _GuardMode(self.device)
+        _hooks.acquire()
+        try:
             _thread.entries.append(entry)
-            stack.callback(_thread.entries.remove, entry)
-            stack.enter_context(_GuardMode(self.device))
-            self._stacks.append(stack.pop_all())
+            try:
+                mode.__enter__()
+            except BaseException:
+                _thread.entries.remove(entry)
+                raise
+        except BaseException:
+            _hooks.release()
+            raise
+        self._stacks.append((entry, mode))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stacks.pop().__exit__(*exc)
+        entry, mode = self._stacks.pop()
+        try:
+            mode.__exit__(*exc)
+        finally:
+            try:
+                _thread.entries.remove(entry)
+            finally:
+                _hooks.release()
