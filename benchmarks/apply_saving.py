@@ -5,8 +5,9 @@
 Profiles SCRIPT (default: sample_models/shape_slice_crop.py) on the simulated GPU, takes the
 top suggestion, re-profiles with it applied (`--apply`), RUNS times each, and prints the
 estimate next to the medians of the measured changes: total time, computation time, and the
-host time of the copies and ops the edit touches. Totals include the program's own Python time,
-measured, so they vary from run to run on a busy machine; the last figure is the model's own.
+host time of the copies and ops the edit touches. On the simulated GPU every figure is modeled
+(docs/sim-time.md), so the runs agree; the estimate also counts device_guard's own cost on a
+real GPU, which the simulated re-profile leaves out.
 """
 
 from __future__ import annotations

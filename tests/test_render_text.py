@@ -58,10 +58,22 @@ def event_order(report: str) -> list[str]:
 def test_header_lines():
     lines = render_text(make_trace(), cwd=PROJECT_DIR).splitlines()
     assert lines[0] == "-" * 25 + "      Profiling Report       " + "-" * 25
-    assert lines[2] == ("Place: CUDA:0 (simulated NVIDIA A100-SXM4-80GB; device and copy "
-                        "times are modeled, not measured)")
+    assert lines[2] == ("Place: CUDA:0 (simulated NVIDIA A100-SXM4-80GB; device, copy and "
+                        "host times are modeled, not measured)")
     assert lines[3] == "Time unit: ms"
     assert lines[4] == "Sorted by total time in descending order in the same thread"
+    assert lines[5] == ""  # a trace from before wall time was kept: no measured line
+
+
+def test_measured_wall_time_is_one_labelled_line_outside_the_figures():
+    trace = make_trace()
+    trace.meta.wall_ns = 123_000_000
+    lines = render_text(trace, cwd=PROJECT_DIR).splitlines()
+    assert lines[5] == ("Measured on this machine, with tracing: wall time 123 "
+                        "(in no figure below)")
+    assert [line for line in lines if "123" in line] == [lines[5]]
+    trace.meta.simulated = False  # a real GPU's total is the wall time: no second line
+    assert "Measured on this machine" not in render_text(trace, cwd=PROJECT_DIR)
 
 
 def test_summary_lines():

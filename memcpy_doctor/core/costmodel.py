@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from .defaults import DEFAULT_DEVICE_PROFILE
+from .defaults import (DEFAULT_DEVICE_PROFILE, HOST_FLOPS, HOST_MEMORY_BANDWIDTH, HOST_OP_NS,
+                       PYTHON_OP_NS)
 
 
 class ProfileError(Exception):
@@ -41,6 +42,12 @@ class DeviceProfile:
     #: Per-path DMA setup in ns ("HtoD_pinned", ...), where measured; other paths use
     #: `copy_setup_ns`. Optional, so profiles written before calibration existed still load.
     copy_setup: dict[str, int] = field(default_factory=dict)
+    #: The host side, modeled too (docs/sim-time.md): the program's own Python time per op,
+    #: an op's host cost when it launches no kernel, and the host's compute roofline.
+    python_op_ns: int = PYTHON_OP_NS
+    host_op_ns: int = HOST_OP_NS
+    host_flops: float = HOST_FLOPS
+    host_memory_bandwidth: float = HOST_MEMORY_BANDWIDTH
 
     def __post_init__(self) -> None:
         # copy_ns is on the tracer's hot path: look (setup, bandwidth) up by direction and
@@ -84,6 +91,16 @@ class DeviceProfile:
         # (no builtin max() here or in Timeline: on the tracer's per-op path, which calls
         # these for every simulated kernel, it costs more than the rest of the formula)
         return self.kernel_min_ns + round(seconds * 1e9)
+
+    def host_ns(self, flops: float, nbytes: int) -> int:
+        """Modeled host time of one op that runs on the host: the dispatcher's cost, plus a
+        roofline over the FLOPs and bytes of a kernel computed there."""
+        seconds = nbytes / self.host_memory_bandwidth
+        if flops:
+            compute = flops / self.host_flops
+            if compute > seconds:
+                seconds = compute
+        return self.host_op_ns + round(seconds * 1e9)
 
     def copy_ns(self, direction: str, nbytes: int, pinned: bool | None) -> int:
         """Modeled device time of one transfer (DMA setup plus bytes over the link);

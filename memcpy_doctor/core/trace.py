@@ -63,6 +63,7 @@ class Meta:
     # None for a single-process run and in traces written before these fields existed.
     rank: int | None = None
     world_size: int | None = None
+    wall_ns: int | None = None  # as traced; in no simulated figure (docs/sim-time.md)
 
 
 @dataclass
@@ -107,9 +108,9 @@ class EventRow:
 class OpRecord:
     """One op at one call site on one device, over all its calls.
 
-    `run_ns` is the measured wall time of the calls here (on the simulated GPU: the op
-    computed by the CPU, which is what it would cost on the host); `flops` and `bytes` (read
-    and written) are what the cost model needs to price the op on either device."""
+    `run_ns` is the measured wall time of the calls here (on the simulated GPU: modeled, what
+    they would cost on the host); `flops` and `bytes` (read and written) are what the cost
+    model needs to price the op on either device."""
 
     op: str
     device: str
@@ -407,7 +408,8 @@ def _meta(d: Any) -> Meta:
                 memcpy_doctor_version=_str(d.get("memcpy_doctor_version", "")),
                 untraced=[_str(u) for u in _list(d.get("untraced", []), "meta.untraced")],
                 rank=None if rank is None else _int(rank, "meta.rank"),
-                world_size=None if world_size is None else _int(world_size, "meta.world_size"))
+                world_size=None if world_size is None else _int(world_size, "meta.world_size"),
+                wall_ns=None if d.get("wall_ns") is None else _int(d["wall_ns"], "meta.wall_ns"))
 
 
 def _thread(d: dict[str, Any]) -> str | None:

@@ -100,8 +100,8 @@ def _other_threads(trace: Trace) -> list[str]:
 def place(trace: Trace) -> str:
     m = trace.meta
     if m.simulated:
-        return (f"CUDA:0 (simulated {m.device_name}; device and copy times are modeled, "
-                "not measured)")
+        return (f"CUDA:0 (simulated {m.device_name}; device, copy and host times are "
+                "modeled, not measured)")
     return f"CUDA:0 ({m.device_name})"
 
 
@@ -118,6 +118,9 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
         "Time unit: ms",
         f"Sorted by {_SORT_WORDS[sort]} in descending order in the same thread",
     ]
+    if m.simulated and m.wall_ns is not None:
+        lines.append(f"Measured on this machine, with tracing: wall time {_ms(m.wall_ns)} "
+                     "(in no figure below)")
     if m.ended_by != "completed":
         lines.append(f"Run cut short: {m.ended_by} (exit status {m.exit_status})")
     threads = _other_threads(trace)

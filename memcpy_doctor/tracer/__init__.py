@@ -156,7 +156,6 @@ class Tracer:
             raise
         self._stack = stack
         self._start_ns = perf_counter_ns()
-        state.last_exit = self._start_ns
         return self
 
     def _handlers(self, state: TraceState) -> dict[Any, Callable]:
@@ -205,8 +204,7 @@ class Tracer:
             return self.trace
         state = self._state
         end_ns = perf_counter_ns()
-        if state.timeline is not None:
-            state.timeline.host(max(0, end_ns - state.last_exit))
+        state.gap()  # the program's own work after its last op (simulated GPU: modeled)
         stack, self._stack = self._stack, None
         for sibling in self._siblings:  # threads still running: their ops are not recorded
             sibling.suspended = True
@@ -254,7 +252,7 @@ class Tracer:
             device_name=self.profile.name if simulated else torch.cuda.get_device_name(),
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
-            memcpy_doctor_version=__version__)
+            memcpy_doctor_version=__version__, wall_ns=end_ns - self._start_ns)
         if col.transfers_dropped:
             meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
                                  f"first {len(col.transfers)} are counted but not logged")

@@ -63,7 +63,8 @@ class OpAgg:
 
     __slots__ = ("ref", "event", "thread", "calls", "host_ns", "device_ns", "run_ns", "flops",
                  "bytes", "min_ns", "max_ns", "flows_in", "times", "kernel_times", "launch_ns",
-                 "model_bytes", "model_flops", "model_dtype", "model_ns")
+                 "model_bytes", "model_flops", "model_dtype", "model_ns",
+                 "model_host_ns")
 
     #: the length at which the per-op path folds `times` or `kernel_times`
     FOLD_AT = OP_TIMES_FOLD_AT
@@ -84,16 +85,17 @@ class OpAgg:
         #: host times (ns) of calls without device time, not yet in the counters
         self.times: list[int] = []
         #: modeled device times (ns) of simulated kernels, not yet in the counters; each
-        #: such call cost the host `launch_ns` (its time computing the op on the host is
+        #: such call cost the host `launch_ns` (what it would cost on the host, modeled, is
         #: added to run_ns as it happens)
         self.kernel_times: list[int] = []
         self.launch_ns = 0
-        #: the bytes, FLOPs and dtype class of the last simulated kernel, and its modeled
-        #: time: the calls of one op at one line most often repeat them, and the per-op path
-        #: then reuses the time rather than calling the cost model again (a pure function)
+        #: the bytes, FLOPs and dtype class of the last simulated call, and its modeled
+        #: times (a kernel's on the device and on the host; a host op's on the host): the
+        #: calls of one op at one line most often repeat them, and the per-op path then
+        #: reuses the times rather than calling the cost model again (a pure function)
         self.model_bytes = self.model_flops = -1
         self.model_dtype: str | None = None
-        self.model_ns = 0
+        self.model_ns = self.model_host_ns = 0
 
     def fold(self) -> None:
         """Add the calls in `times` and `kernel_times` to the counters."""

@@ -198,7 +198,6 @@ def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
                                 site, src, dst_t, src)
     state.timer.end(mark, pending, host_ns)
     state.collector.inherit_producer(dst_t, src)
-    state.returned()
     return (out,)
 
 

@@ -218,7 +218,6 @@ def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
         t0 = perf_counter_ns()
         result = state.run_recorded(func, args, kwargs)
         state.sync_copy("DtoH", "print", printed_bytes(t), t, site, perf_counter_ns() - t0)
-        state.returned()
         return result
 
     return {**common_handlers(state), torch.Tensor.__repr__: read_back,

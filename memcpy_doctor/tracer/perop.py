@@ -8,11 +8,12 @@ cost model's clock, Timeline.enqueue):
 - `dispatcher` guards the op (no eval-frame callback, no torch function handling, nothing
   while the tracer is suspended), then, on the simulated GPU (and for host tensors), runs its
   first steps inline: the op's entry in the op table, its tensor inputs, which of them are
-  on the simulated device, its call site, the op itself (timed), and where its outputs live.
+  on the simulated device, its call site, the op itself, and where its outputs live.
   A real GPU's op goes to the real GPU's own steps (tracer/cuda.py, `gpu_op`) instead.
 - `recorder` makes the closure both paths end with: the aggregate of (op, device, site, thread),
   the bytes the op read and wrote with the op-graph edges from their producers, its time
-  (the host's, a simulated kernel's modeled time, or CUDA events on a real GPU), and the
+  (on the simulated GPU modeled, host side included: docs/sim-time.md; on a real GPU the
+  host's measured time and CUDA events), and the
   host waits the op makes when it reads device data (TraceState.after_op).
 
 The guard: torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable (about
@@ -27,7 +28,6 @@ docs/architecture.md walks through these steps.
 
 from __future__ import annotations
 
-from time import perf_counter_ns
 from typing import Any, Callable
 
 import torch
@@ -55,6 +55,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
     resolve_from = state.sites.resolve_from
     gpu = gpu_op(state, record) if sim is None else None
     marks = sim.cuda_marks.refs if sim is not None else None
+    python_op_ns = state.profile.python_op_ns  # the program's own time per op (modeled)
     mark_new = sim.cuda_marks.add_new if sim is not None else None
 
     def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
@@ -69,7 +70,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                 disabled.__enter__()
             if gpu is not None:
                 return gpu(func, args, kwargs)
-            timeline.host_ns += perf_counter_ns() - state.last_exit  # the program's own time
+            timeline.host_ns += python_op_ns  # the program's own time before this op
             # 1. the op, and its tensor inputs (most often all its arguments, or the first)
             info = OP_INFO.get(id(func)) or op_info(func)
             for a in args:
@@ -103,9 +104,8 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                     site = state.call_site = resolve_from(caller)
                 else:  # a walk, or the backward() call's site
                     site = state.op_site(2)
-            t0 = perf_counter_ns()  # 4. the op itself
+            # 4. the op itself (its host time is modeled, in `record`)
             out = info.call(*args, **kwargs) if kwargs else info.call(*args)
-            host_ns = perf_counter_ns() - t0
             outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
             # 5. the outputs' device (a factory in a composite op: that of its call's inputs)
             on_device = forced if forced is not None else any_dev if ins else (
@@ -119,8 +119,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                     if (key := id(storage)) not in marks:  # new: not a view, not in place
                         mark_new(storage, key)
             record(info, args, kwargs, ins, out, outs, dev_in, any_dev,
-                   "cuda:0" if on_device or any_dev else "cpu", site, host_ns)
-            state.last_exit = perf_counter_ns()
+                   "cuda:0" if on_device or any_dev else "cpu", site, 0)
             return out
         finally:
             if disabled is not None:
@@ -133,11 +132,11 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
 
 def recorder(state: TraceState) -> Callable[..., None]:
     """The last steps of both per-op paths: `record(...)` records one op that ran on `device`
-    in `host_ns` (`dev_in`: which inputs `ins` are on the device) and returns its aggregate.
-    An op that is itself a copy the host waits for (`_local_scalar_dense` of `item()`, say)
-    is recorded as that copy only, and has none (None)."""
-    sim, timeline, thread = state.sim, state.timeline, state.thread
-    launch_ns, kernel_ns = state.profile.launch_ns, state.profile.kernel_ns
+    (`dev_in`: which inputs `ins` are there; `host_ns`: measured, on a real GPU only) and
+    returns its aggregate; an op that is itself a copy the host waits for (`item()`'s
+    `_local_scalar_dense`) is recorded as that copy only, and has none (None)."""
+    sim, timeline, thread, profile = state.sim, state.timeline, state.thread, state.profile
+    launch_ns, kernel_ns, host_cost = profile.launch_ns, profile.kernel_ns, profile.host_ns
     enqueue, col = (timeline.enqueue if timeline is not None else None), state.collector
     ops, producers, pending = col.ops, col.producers, col.pending
     fold_at = OpAgg.FOLD_AT
@@ -175,32 +174,34 @@ def recorder(state: TraceState) -> Callable[..., None]:
             # 7. the op's time
             device_ns = 0
             if sim is None or device == "cpu" or not kernel:
-                # the host's (a real GPU's device time is added once its events are read;
-                # a simulated view or allocation has none), folded in later (OpAgg.fold)
-                if timeline is not None:
+                # the host's (a real GPU's device time comes from its events), folded later
+                if timeline is not None:  # simulated: modeled, as the last call's if alike
+                    if nbytes != agg.model_bytes or flops != agg.model_flops:
+                        agg.model_bytes, agg.model_flops = nbytes, flops
+                        agg.model_ns = host_cost(flops, nbytes)
+                    host_ns = agg.model_ns
                     timeline.host_ns += host_ns
                 times = agg.times
                 times.append(host_ns)
                 if len(times) >= fold_at:
                     agg.fold()
             else:  # a simulated kernel: modeled; the host pays its launch
-                agg.run_ns += host_ns  # what the host computed the op in
                 dtype = (DTYPE_CLASS.get((outs[0] if outs else ins[0]).dtype, "other")
                          if flops else None)  # (the peak FLOP/s of that dtype)
                 if nbytes != agg.model_bytes or flops != agg.model_flops or (
                         dtype != agg.model_dtype):  # else the time of the last call stands
                     agg.model_bytes, agg.model_flops, agg.model_dtype = nbytes, flops, dtype
                     agg.model_ns = kernel_ns(flops, nbytes, dtype)
+                    agg.model_host_ns = host_cost(flops, nbytes)
                 device_ns = agg.model_ns
+                agg.run_ns += agg.model_host_ns  # what it would cost on the host
                 host_ns = enqueue(launch_ns, device_ns)
                 kernels = agg.kernel_times  # folded later, as `times`
                 kernels.append(device_ns)
                 if len(kernels) >= fold_at:
                     agg.fold()
-            if flops:
-                agg.flops += flops
-            if nbytes:
-                agg.bytes += nbytes
+            agg.flops += flops
+            agg.bytes += nbytes
             if col.chrome is not None:
                 col.chrome_op(agg, host_ns, device_ns)
         # 8. the copies an op makes inside its own code

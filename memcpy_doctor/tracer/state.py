@@ -11,7 +11,6 @@ copy's one way into the records (`record_copy`). Each traced thread has its own 
 from __future__ import annotations
 
 import sys
-from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -112,7 +111,6 @@ class TraceState:
         #: the user call site of the Tensor.backward() call now running, if any: the site of
         #: every op the autograd engine runs for it without Python code in between
         self.backward_site: Any = UNRESOLVED
-        self.last_exit = perf_counter_ns()
         self.thread: str | None = None  # another thread's name; None: the tracing thread
         #: real GPU: above 0 while the tracer runs a copy or a wait that it records itself,
         #: and the op now running (its OpInfo): CUDA's sync callbacks read both to tell the
@@ -137,19 +135,14 @@ class TraceState:
         other.call_site = other.backward_site = UNRESOLVED
         other.call_frame = other.running_op = None
         other.recording = other.cpu_only_checks = 0
-        other.last_exit = perf_counter_ns()
         return other
 
     # ----- clocks -----
-    def gap(self) -> int:
-        """Host time since the tracer last returned to the program (simulated timeline)."""
-        now = perf_counter_ns()
+    def gap(self) -> None:
+        """The program's own time before an event the tracer records itself (a transfer, a
+        wait), on the simulated timeline: modeled as before an op (docs/sim-time.md)."""
         if self.timeline is not None:
-            self.timeline.host(max(0, now - self.last_exit))
-        return now
-
-    def returned(self) -> None:
-        self.last_exit = perf_counter_ns()
+            self.timeline.host(self.profile.python_op_ns)
 
     def on_device(self, t: Tensor) -> bool:
         sim = self.sim
@@ -260,4 +253,3 @@ class TraceState:
             self.gap()
             measured_ns = self.timeline.drain(self.profile.sync_ns)
         self.collector.wait(kind, self.sites.resolve(), measured_ns, self.thread)
-        self.returned()

@@ -284,7 +284,6 @@ class SimDevice:
         st, profile, tl = self.st, self.st.profile, self.st.timeline
         nbytes = dst.nbytes
         if nbytes == 0:  # torch skips the memcpy of an empty tensor
-            st.returned()
             return
         device_ns = profile.copy_ns(direction, nbytes, pinned)
         if not non_blocking:
@@ -297,7 +296,6 @@ class SimDevice:
                        dst, dst)
         if src is not None:
             st.collector.inherit_producer(dst, src)
-        st.returned()
 
     def _copy_(self, func: Any, args: tuple, kwargs: dict) -> Any:
         dst, src = args[0], args[1]
@@ -398,7 +396,6 @@ class SimDevice:
         st = self.st
         st.gap()
         st.sync_copy(direction, trigger, storage.nbytes(), view, st.sites.resolve(), 0)
-        st.returned()
 
     # ----- reads to the host -----
     def _repr(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -440,4 +437,3 @@ class SimDevice:
         st = self.st
         st.gap()
         st.sync_copy("DtoH", trigger, nbytes, t, st.sites.resolve(), 0)
-        st.returned()
