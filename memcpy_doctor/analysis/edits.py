@@ -1,4 +1,5 @@
-"""Source edits as unified diffs: wrap a statement in `memcpy_doctor.device_guard(...)`.
+"""Source edits as unified diffs: wrap a statement in `memcpy_doctor.device_guard(...)`, and
+what such a guard costs at run time.
 
 Reads the user's file (never writes it); the statement that holds the line is found with `ast`,
 so a statement spread over several lines is wrapped whole.
@@ -8,10 +9,25 @@ from __future__ import annotations
 
 import ast
 import difflib
+from collections import defaultdict
+from typing import Iterable
 
+from ..core.defaults import GUARD_BLOCK_NS, GUARD_CALL_NS
 from ..core.paths import short_path
+from ..core.trace import OpRecord
 
 GUARD_IMPORT = "import memcpy_doctor"
+
+
+def guard_cost_ns(ops: Iterable[OpRecord]) -> int:
+    """What device_guard blocks around the lines of `ops` cost the host on a real GPU: at each
+    line, a block entered as often as its most-called op ran, and one call handled per op
+    call (docs/sim-time.md)."""
+    calls_at: dict[object, list[int]] = defaultdict(list)
+    for op in ops:
+        calls_at[(op.site.file, op.site.line) if op.site else None].append(op.calls)
+    return sum(max(calls) * GUARD_BLOCK_NS + sum(calls) * GUARD_CALL_NS
+               for calls in calls_at.values())
 
 
 def statement_span(tree: ast.AST, line: int) -> tuple[int, int] | None:

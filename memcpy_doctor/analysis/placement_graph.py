@@ -2,9 +2,10 @@
 
 Nodes are call sites (all ops at one line of code), so the answer maps to lines. A node's cost
 on each device: on the device, its modeled or measured device time plus its launches; on the
-host, the time the ops took on the CPU (measured on the simulated GPU, where the CPU computed
-them; on a real GPU only the launches were measured, so the host side is estimated from the
-roofline at a tenth of the device's peak, and the answer says so). An edge is a tensor flowing
+host, the ops' host time (modeled on the simulated GPU, docs/sim-time.md; on a real GPU only
+the launches were measured, so the host side is estimated from the roofline at a tenth of the
+device's peak, and the answer says so), plus, for ops that ran on the device, the
+device_guard that would move them (edits.guard_cost_ns). An edge is a tensor flowing
 from one site to another: crossing devices costs a copy and a host wait per call. Python itself
 is a node pinned to the host: values read with `.item()` or `print` flow to it, and data made
 from Python lists flows from it. A node's device memory is the weights copied to the device
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from ..core.paths import short_path
 from ..core.trace import Site, Trace
 from ..core.costmodel import profile_of
-from .edits import guard_diff
+from .edits import guard_cost_ns, guard_diff
 from ..core.units import format_value
 from .placement import DEVICE, HOST, Edge, Node, Placement, place
 from .suggestion import Suggestion
@@ -47,6 +48,7 @@ def build_graph(trace: Trace) -> Graph:
     host: dict[tuple, int] = {}
     device: dict[tuple, int] = {}
     observed = set()
+    guarded: dict[tuple, list] = {}  # a site's device ops: what a guard there would handle
     for op in trace.ops:
         if op.site is None:
             continue
@@ -57,11 +59,14 @@ def build_graph(trace: Trace) -> Graph:
             device[k] = device.get(k, 0) + op.host_ns + op.device_ns
             cpu = op.run_ns if measured_host else 10 * op.device_ns
             host[k] = host.get(k, 0) + cpu
+            guarded.setdefault(k, []).append(op)
         else:
             host[k] = host.get(k, 0) + op.run_ns
             per_call = (profile.kernel_ns(op.flops / op.calls, op.bytes / op.calls, "float32")
                         if op.calls else 0)
             device[k] = device.get(k, 0) + launch + per_call * op.calls
+    for k, ops in guarded.items():
+        host[k] += guard_cost_ns(ops)
     weights: dict[tuple, int] = {}
     weight_sites: dict[tuple, Site] = {}
     edges = []

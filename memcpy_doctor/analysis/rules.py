@@ -4,8 +4,9 @@ and the time it saves.
 A rule's docstring shows the code it catches. Savings are estimated by replaying the
 aggregated trace with the change through the cost model (`estimate_saving`): a removed sync
 copy gives back the host time it blocked, an op moved to the host costs what it took on the
-CPU (on the simulated GPU that was measured) instead of its launch. No rule proposes an edit
-that changes what the program computes.
+CPU (modeled by the host roofline on the simulated GPU, docs/sim-time.md) instead of its
+launch, and a device_guard edit costs what the guard itself does at run time. An edit that
+costs more than it saves is not proposed; none changes what the program computes.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import abc
 import difflib
 import re
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from ..core.trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation
 from ..core.costmodel import profile_of
 from ..core.paths import format_site, short_path
-from .edits import guard_diff
+from .edits import guard_cost_ns, guard_diff
 from .placement_graph import placement_suggestions
 from .suggestion import Suggestion
 
@@ -27,12 +28,12 @@ from .suggestion import Suggestion
 def estimate_saving(trace: Trace, removed: list[CopyRecord],
                     moved_to_host: list[OpRecord] = ()) -> int:
     """Host time given back: the removed copies' host time, plus, for each op moved to the
-    host, what it cost the host on the device (its launches) less what it takes on the CPU
-    (measured on the simulated GPU; may be negative, a cost)."""
+    host, what it cost the host on the device (its launches) less what it takes on the CPU,
+    less what the device_guard that moves it costs (may be negative: a cost)."""
     saving = sum(c.host_ns for c in removed)
     for op in moved_to_host:
         saving += op.host_ns - op.run_ns
-    return saving
+    return saving - guard_cost_ns(moved_to_host)
 
 
 class Rule(abc.ABC):
@@ -83,8 +84,32 @@ class HostRoundTrip(Rule):
                 continue
             removed = [s.copy for s in chain.steps]
             moved = _ops_at(trace, sites)
-            out.append(self._suggest(trace, chain, sites, removed, moved, cwd))
+            upload = chain.steps[0].copy
+            plain = (_drop_transfer_diff(upload.site, cwd)
+                     if upload.trigger in ("to", "cuda") and upload.site is not None else None)
+            if plain is not None:  # the program's own `.to(device)`, which a guard runs as
+                suggestion = self._plain(trace, chain, upload, removed, moved, plain, cwd)
+            else:  # written: the plain edit is the only one that removes the copies
+                suggestion = self._suggest(trace, chain, sites, removed, moved, cwd)
+            if suggestion.saving_ns > 0:  # else the guard costs more than it saves
+                out.append(suggestion)
         return out
+
+    def _plain(self, trace: Trace, chain: Chain, upload: CopyRecord,
+               removed: list[CopyRecord], moved: list[OpRecord], diff: str,
+               cwd: str | None) -> Suggestion:
+        ops = ", ".join(sorted({m.op for m in chain.middle}))
+        return Suggestion(
+            rule=self.name,
+            title=f"keep the data for {ops} on the host: drop the `{upload.trigger}` at "
+                  f"{format_site(upload.site, cwd)}",
+            detail=("its input comes from the host and its output goes back to the host; "
+                    f"on the host it needs neither of the {len(removed)} copies "
+                    f"({sum(c.calls for c in removed)} calls), if nothing else needs that "
+                    "data on the device (plain PyTorch: nothing from memcpy-doctor at run time)"),
+            sites=[upload.site], removes=removed,
+            saving_ns=estimate_saving(trace, removed, moved) + guard_cost_ns(moved),
+            diff=diff)
 
     def _suggest(self, trace: Trace, chain: Chain, sites: set[Site],
                  removed: list[CopyRecord], moved: list[OpRecord],
@@ -94,12 +119,14 @@ class HostRoundTrip(Rule):
                  for f in sorted({s.file for s in ordered})]
         ops = ", ".join(sorted({m.op for m in chain.middle}))
         where = ", ".join(format_site(s, cwd) for s in ordered)
+        guard_ns = guard_cost_ns(moved)
         return Suggestion(
             rule=self.name,
             title=f"run {ops} on the host with device_guard(\"cpu\") at {where}",
             detail=("its input comes from the host and its output goes back to the host; "
                     f"on the host it needs neither of the {len(removed)} copies "
-                    f"({sum(c.calls for c in removed)} calls)"),
+                    f"({sum(c.calls for c in removed)} calls); the guard's own cost on a real "
+                    f"GPU, about {guard_ns / 1e6:.2g} ms here, is counted"),
             sites=ordered, removes=removed,
             saving_ns=estimate_saving(trace, removed, moved),
             diff="".join(d for d in diffs if d) or None,
@@ -149,27 +176,56 @@ def _launch_ns(trace: Trace) -> int:
     return profile_of(trace).launch_ns
 
 
-def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:
+def _line_diff(site: Site, cwd: str | None, edit: Callable[[str], str | None]) -> str | None:
+    """A unified diff that replaces the line of `site` with `edit(line)` (None: no edit)."""
     try:
         with open(site.file, encoding="utf-8") as f:
             old = f.read().splitlines(keepends=True)
     except (OSError, UnicodeDecodeError):
         return None
-    line = old[site.line - 1] if site.line <= len(old) else ""
-    if "non_blocking" in line:
-        return None
-
-    def add(m: re.Match) -> str:
-        inner = m.group(2).strip()
-        return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
-
-    new_line, n = _TRANSFER_CALL.subn(add, line, count=1)
-    if not n:
+    new_line = edit(old[site.line - 1]) if site.line <= len(old) else None
+    if new_line is None:
         return None
     new = list(old)
     new[site.line - 1] = new_line
     shown = short_path(site.file, cwd)
     return "".join(difflib.unified_diff(old, new, fromfile=f"a/{shown}", tofile=f"b/{shown}"))
+
+
+def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:
+    def add(m: re.Match) -> str:
+        inner = m.group(2).strip()
+        return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
+
+    def edit(line: str) -> str | None:
+        if "non_blocking" in line:
+            return None
+        new_line, n = _TRANSFER_CALL.subn(add, line, count=1)
+        return new_line if n else None
+
+    return _line_diff(site, cwd, edit)
+
+
+#: `.to(x)` / `.cuda()` arguments that only name a device (no dtype, no copy=, no tensor).
+_DEVICE_ONLY = re.compile(r"\s*((device\s*=\s*)?([\w.]+|['\"][\w:]+['\"]|torch\.device\([^()]*\))"
+                          r"\s*(,\s*non_blocking\s*=\s*\w+)?)?\s*")
+_DTYPE_NAME = re.compile(r"^torch\.(?!device\b)|dtype|float|half|int|long|bool|double")
+
+
+def _drop_transfer_diff(site: Site, cwd: str | None) -> str | None:
+    """Drop the one `.to(device)` or `.cuda()` on the line of `site`: the data stays on the
+    host, as under device_guard("cpu"), with nothing from memcpy-doctor at run time. None
+    when the line has no such call, or more than one, or the call also converts."""
+    def edit(line: str) -> str | None:
+        calls = list(_TRANSFER_CALL.finditer(line))
+        if len(calls) != 1:
+            return None
+        inner = calls[0].group(2)
+        if not _DEVICE_ONLY.fullmatch(inner) or _DTYPE_NAME.search(inner):
+            return None
+        return line[:calls[0].start()] + line[calls[0].end():]
+
+    return _line_diff(site, cwd, edit)
 
 
 @register

@@ -30,6 +30,13 @@ HOST_OP_NS = 2_000
 HOST_FLOPS = 1e11
 HOST_MEMORY_BANDWIDTH = 1e10
 
+#: What device_guard itself costs the host on a real GPU (docs/sim-time.md, measured on the
+#: build machine with timeit): one guard block's entry and exit, and each torch call the
+#: guard's mode handles inside it (8.3 us for narrow_copy, 10.9 us for an add, 2.3 us for a
+#: view). explain counts them against a device_guard edit's saving; the simulated GPU's
+#: modeled time never includes them.
+GUARD_BLOCK_NS = 12_000
+GUARD_CALL_NS = 10_000
 
 #: Transfers kept, in order, in the trace's transfer log (`profile --log-transfers N`, read by
 #: `explain --log`). Off by default: the log is the one part of a trace that grows with the
