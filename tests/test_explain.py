@@ -168,6 +168,15 @@ def test_a_guard_that_costs_more_than_it_saves_is_not_offered(prog):
     assert all(s.saving_ns > 0 for s in found)
 
 
+def test_diff_headers_name_a_file_elsewhere_relative_to_the_cwd(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "lib").mkdir()
+    path = tmp_path / "lib" / "m.py"
+    path.write_text("import memcpy_doctor\ny = 3\n")
+    diff = guard_diff(str(path), [2], "cpu", str(tmp_path / "work"))
+    assert diff.splitlines()[:2] == ["--- a/../lib/m.py", "+++ b/../lib/m.py"]
+
+
 def test_guard_diff_wraps_a_whole_multiline_statement(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("import memcpy_doctor\nx = f(1,\n      2)\ny = 3\n")

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from ..core.defaults import GUARD_BLOCK_NS, GUARD_CALL_NS
-from ..core.paths import short_path
+from ..core.paths import diff_path
 from ..core.trace import OpRecord
 
 GUARD_IMPORT = "import memcpy_doctor"
@@ -67,7 +67,13 @@ def guard_diff(path: str, lines: list[int], device: str, cwd: str | None = None)
     if not any(ln.strip() == GUARD_IMPORT for ln in old):
         at = _import_position(tree)
         new.insert(at, GUARD_IMPORT + "\n")
-    shown = short_path(path, cwd)
+    return unified_diff(path, old, new, cwd)
+
+
+def unified_diff(path: str, old: list[str], new: list[str], cwd: str | None) -> str:
+    """The edit of `path` from lines `old` to `new`, headed "a/PATH", "b/PATH" with PATH
+    relative to `cwd`, as `git apply` and `patch -p1` read it."""
+    shown = diff_path(path, cwd)
     return "".join(difflib.unified_diff(old, new, fromfile=f"a/{shown}", tofile=f"b/{shown}"))
 
 

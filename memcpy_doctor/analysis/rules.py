@@ -12,15 +12,14 @@ costs more than it saves is not proposed; none changes what the program computes
 from __future__ import annotations
 
 import abc
-import difflib
 import re
 from typing import Callable, ClassVar
 
 from ..core.trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation
 from ..core.costmodel import profile_of
-from ..core.paths import format_site, short_path
-from .edits import guard_cost_ns, guard_diff
+from ..core.paths import format_site
+from .edits import guard_cost_ns, guard_diff, unified_diff
 from .placement_graph import placement_suggestions
 from .suggestion import Suggestion
 
@@ -188,8 +187,7 @@ def _line_diff(site: Site, cwd: str | None, edit: Callable[[str], str | None]) -
         return None
     new = list(old)
     new[site.line - 1] = new_line
-    shown = short_path(site.file, cwd)
-    return "".join(difflib.unified_diff(old, new, fromfile=f"a/{shown}", tofile=f"b/{shown}"))
+    return unified_diff(site.file, old, new, cwd)
 
 
 def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:

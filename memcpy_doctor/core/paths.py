@@ -32,6 +32,17 @@ def short_path(path: str, cwd: str | None = None) -> str:
     return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
+def diff_path(path: str, cwd: str | None = None) -> str:
+    """`path` as a unified diff's header names it after "a/" and "b/": relative to `cwd`
+    (default: the working directory), with "../" where it lies elsewhere."""
+    if path.startswith("<"):
+        return path
+    try:
+        return os.path.relpath(path, cwd or os.getcwd())
+    except ValueError:  # another drive on Windows
+        return path.lstrip(os.sep)
+
+
 def format_site(site: Any, cwd: str | None = None, missing: str = "?") -> str:
     """A call site as `file:line`, its file shown as `short_path` shows it; `missing` for
     none."""
