@@ -12,6 +12,7 @@ import linecache
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..core.paths import is_user_file
 from ..core.trace import CopyRecord, OpRef, Site, Trace
 
 SourceReader = Callable[[Site], str]
@@ -38,11 +39,23 @@ class End:
         return cls(ref.op, ref.device, ref.site, source(ref.site) if ref.site else "")
 
 
+def user_site(copy: CopyRecord) -> Site | None:
+    """The innermost frame of the user's own code (paths.is_user_file) that led to `copy`:
+    its site, or, for a copy made inside a library, the user's call that led there."""
+    if copy.site is not None and is_user_file(copy.site.file):
+        return copy.site
+    return next((s for s in copy.stack if is_user_file(s.file)), None)
+
+
 @dataclass(frozen=True)
 class CopyStep:
     copy: CopyRecord
     text: str  # the copy's source line
     share: float  # of total time
+    #: the user's own line that led to a copy made inside a library (None: the copy's site is
+    #: the user's, or no frame of the user's code was seen), and its text
+    user: Site | None = None
+    user_text: str = ""
 
 
 @dataclass
@@ -105,8 +118,7 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
             cur = nxt
         chain = Chain(
             producer=End.of(head.producer, source),
-            steps=[CopyStep(c, source(c.site) if c.site else "",
-                            c.time_ns / total if total else 0.0) for c in steps],
+            steps=[_step(c, total, source) for c in steps],
             middle=middle, consumer=End.of(cur.consumer, source))
         chain.time_ns = sum(s.copy.time_ns for s in chain.steps)
         chain.share = chain.time_ns / total if total else 0.0
@@ -116,6 +128,13 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
                        device_name=trace.meta.device_name, chains=chains,
                        sync_calls=sum(c.calls for c in sync),
                        sync_time_ns=sum(c.time_ns for c in sync))
+
+
+def _step(c: CopyRecord, total: int, source: SourceReader) -> CopyStep:
+    mine = user_site(c)
+    user = mine if mine is not c.site else None
+    return CopyStep(c, source(c.site) if c.site else "", c.time_ns / total if total else 0.0,
+                    user, source(user) if user else "")
 
 
 def _opposite(a: CopyRecord, b: CopyRecord) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.paths import short_path
+from ..core.paths import is_user_file, short_path
 from ..core.trace import Site, Trace
 from ..core.costmodel import profile_of
 from .edits import guard_cost_ns, guard_diff
@@ -114,7 +114,9 @@ def placement_suggestions(trace: Trace, device_memory_bytes: int | None = None,
     """The best placement of the recorded ops and the device_guard edits that reach it."""
     graph = build_graph(trace)
     best = place(graph.nodes, graph.edges, device_memory_bytes)
-    to_host = sorted(k for k in graph.observed_device if k in best.on_host)
+    # (only lines of the user's own code are edited; a library's ops stay where they ran)
+    to_host = sorted(k for k in graph.observed_device if k in best.on_host
+                     and is_user_file(graph.weight_sites.get(k, Site(k[0], 0, "")).file))
     # the saving of the edit proposed (ops moved to the host), not of the whole optimum:
     # moves of host ops to the device are not proposed
     saving = observed_cost(graph) - observed_cost(graph, frozenset(to_host))

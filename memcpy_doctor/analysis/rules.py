@@ -16,9 +16,9 @@ import re
 from typing import Callable, ClassVar
 
 from ..core.trace import CopyRecord, OpRecord, Site, Trace
-from .attribution import Chain, Explanation
+from .attribution import Chain, Explanation, read_line, user_site
 from ..core.costmodel import profile_of
-from ..core.paths import format_site
+from ..core.paths import format_site, is_user_file
 from .edits import guard_cost_ns, guard_diff, unified_diff
 from .placement_graph import placement_suggestions
 from .suggestion import Suggestion
@@ -79,13 +79,13 @@ class HostRoundTrip(Rule):
             if not chain.bounces or chain.steps[0].copy.direction != "HtoD":
                 continue
             sites = {m.site for m in chain.middle if m.site is not None}
-            if not sites:
-                continue
+            if not sites or not all(is_user_file(s.file) for s in sites):
+                continue  # (no edit goes into a library's code)
             removed = [s.copy for s in chain.steps]
             moved = _ops_at(trace, sites)
             upload = chain.steps[0].copy
-            plain = (_drop_transfer_diff(upload.site, cwd)
-                     if upload.trigger in ("to", "cuda") and upload.site is not None else None)
+            plain = (_drop_transfer_diff(upload.site, cwd) if upload.trigger in ("to", "cuda")
+                     and upload.site is not None and is_user_file(upload.site.file) else None)
             if plain is not None:  # the program's own `.to(device)`, which a guard runs as
                 suggestion = self._plain(trace, chain, upload, removed, moved, plain, cwd)
             else:  # written: the plain edit is the only one that removes the copies
@@ -158,17 +158,30 @@ class PinnedNonBlocking(Rule):
             if c.sync is False and c.pinned:
                 continue
             saving = c.host_ns - c.calls * _launch_ns(trace) if c.sync else 0
-            if saving <= 0 or c.site is None:
+            user = user_site(c)
+            if saving <= 0 or c.site is None or user is None:
                 continue
-            out.append(Suggestion(
-                rule=self.name,
-                title=f"pin and copy with non_blocking=True at {format_site(c.site, cwd)}",
-                detail=(f"{c.calls} host->device copies of {c.bytes // max(c.calls, 1)} bytes "
-                        "each from pageable memory, each waited for; pin the source where it "
-                        "is made (pin_memory(), or DataLoader(pin_memory=True))"),
-                sites=[c.site], removes=[c], saving_ns=saving,
-                diff=_non_blocking_diff(c.site, cwd)))
+            out.append(self._suggest(c, user, saving, cwd))
         return out
+
+    def _suggest(self, c: CopyRecord, user: Site, saving: int, cwd: str | None) -> Suggestion:
+        each = (f"{c.calls} host->device copies of {c.bytes // max(c.calls, 1)} bytes each "
+                f"from {'pinned' if c.pinned else 'pageable'} memory, each waited for")
+        if user is not c.site:  # made inside a library: advice at the user's call, no patch
+            return Suggestion(
+                rule=self.name, title=f"give pinned data to the call at {format_site(user, cwd)}",
+                detail=(f"{each}, made inside {format_site(c.site, cwd)}; pin what it is given "
+                        "(DataLoader(pin_memory=True)) and use the library's setting for "
+                        "non-blocking copies"),
+                sites=[user], removes=[c], saving_ns=saving, exact=False)
+        if c.pinned:  # pinned already: only the wait is left to remove
+            title = f"copy with non_blocking=True at {format_site(c.site, cwd)}"
+            how = "the source is pinned already"
+        else:
+            title = f"pin and copy with non_blocking=True at {format_site(c.site, cwd)}"
+            how = "pin the source where it is made (pin_memory(), or DataLoader(pin_memory=True))"
+        return Suggestion(rule=self.name, title=title, detail=f"{each}; {how}", sites=[c.site],
+                          removes=[c], saving_ns=saving, diff=_non_blocking_diff(c.site, cwd))
 
 
 def _launch_ns(trace: Trace) -> int:
@@ -245,7 +258,7 @@ class HostReadInLoop(Rule):
         for c in trace.copies:
             if c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS:
                 continue
-            if c.calls < 2 or c.site is None:
+            if c.calls < 2 or c.site is None or not self._read_here(c):
                 continue
             saving = c.host_ns * (c.calls - 1) // c.calls
             out.append(Suggestion(
@@ -256,6 +269,18 @@ class HostReadInLoop(Rule):
                         "each time; accumulate on the device (x.detach()) and read once"),
                 sites=[c.site], removes=[c], saving_ns=saving))
         return out
+
+    #: How each trigger is written where the user's code reads the value itself.
+    SPELLED = {"item": (".item(",), "float": ("float(",), "int": ("int(",),
+               "print": ("print(",), "tolist": (".tolist(",), "format": ("format(", "{", "%")}
+
+    def _read_here(self, c: CopyRecord) -> bool:
+        """The user's own line reads the value (not a call into a library or torch that
+        reads it inside, such as GradScaler.step deciding whether to skip the step)."""
+        if not is_user_file(c.site.file):
+            return False
+        line = read_line(c.site)
+        return not line or any(word in line for word in self.SPELLED[c.trigger])
 
 
 @register
@@ -279,7 +304,7 @@ class DataDependentShape(Rule):
         for c in trace.copies:
             if c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS:
                 continue
-            if c.site is None:
+            if c.site is None or not is_user_file(c.site.file):
                 continue
             hint = {"nonzero": "torch.nonzero_static(x, size=N) or torch.where(cond, x, y)",
                     "mask": "torch.where(mask, x, 0) (same shape) instead of x[mask]",
@@ -296,8 +321,9 @@ class DataDependentShape(Rule):
 
 def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
             device_memory_bytes: int | None = None) -> list[Suggestion]:
-    """Every rule's suggestions, largest estimated saving first; a copy is claimed by the first
-    (most specific) rule that removes it. The placement (a minimum cut over the op graph)
+    """Every rule's suggestions, largest estimated saving first, one per distinct edit (the
+    copy paths one edit removes merged into it) and none that saves nothing; a copy is claimed
+    by the first (most specific) rule that removes it. The placement (a minimum cut over the op graph)
     comes first under a device memory budget, last otherwise."""
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
@@ -306,11 +332,25 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
         batches.append(placed)
     found: list[Suggestion] = []
     claimed: set[int] = set()
+    same_edit: dict[tuple, Suggestion] = {}  # one suggestion per distinct edit
+    merged: set[int] = set()
     for batch in batches:
         for s in batch:
-            if any(id(c) in claimed for c in s.removes):
+            if any(id(c) in claimed for c in s.removes) or s.saving_ns <= 0:
                 continue
             claimed.update(id(c) for c in s.removes)
-            found.append(s)
+            key = (s.rule, s.diff if s.diff is not None else s.title)
+            first = same_edit.get(key)
+            if first is None:
+                same_edit[key] = s
+                found.append(s)
+            else:  # another copy path the same edit removes: its calls and saving join in
+                first.removes = first.removes + s.removes
+                first.saving_ns += s.saving_ns
+                merged.add(id(first))
+    for s in found:
+        if id(s) in merged:
+            s.detail += (f" (the figures of one copy path; this edit removes "
+                         f"{len(s.removes)} paths, {sum(c.calls for c in s.removes)} calls)")
     found.sort(key=lambda s: -s.saving_ns)
     return found

@@ -7,6 +7,7 @@ tracebacks and its signal handling.
 from __future__ import annotations
 
 import os
+import sysconfig
 from typing import Any
 
 import torch
@@ -14,6 +15,11 @@ import torch
 #: This package's directory and torch's, each with a trailing separator.
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+#: Where this interpreter's standard library and installed packages live.
+_INSTALLED_DIRS = tuple(sorted({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                                for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+#: Folders that hold installed packages, wherever an environment is.
+_PACKAGE_FOLDERS = ("site-packages", "dist-packages")
 #: Pseudo-files of the interpreter's machinery that runs a script or imports a module.
 _INTERNAL_PSEUDO_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
                           "<frozen importlib._bootstrap_external>")
@@ -64,3 +70,14 @@ def is_internal_file(name: str) -> bool:
     if name.startswith("<"):
         return name in _INTERNAL_PSEUDO_FILES
     return os.path.abspath(name).startswith((TORCH_DIR, PACKAGE_DIR))
+
+
+def is_user_file(name: str) -> bool:
+    """The user's own code, where an edit may go: not torch's, this package's, the standard
+    library's or an installed package's (anything under site-packages or dist-packages)."""
+    if name.startswith("<"):
+        return name not in _INTERNAL_PSEUDO_FILES
+    path = os.path.abspath(name)
+    if path.startswith((TORCH_DIR, PACKAGE_DIR) + _INSTALLED_DIRS):
+        return False
+    return not any(folder in path.split(os.sep) for folder in _PACKAGE_FOLDERS)

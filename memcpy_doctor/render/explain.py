@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..analysis.attribution import Chain, End, Explanation
+from ..analysis.attribution import Chain, End, Explanation, user_site
 from ..analysis.suggestion import Suggestion
 from ..core.trace import CopyRecord, Trace, TransferRecord
 from ..core.paths import format_site
@@ -44,6 +44,9 @@ def _chain_text(i: int, chain: Chain, cwd: str | None) -> list[str]:
                      f"{c.bytes} B {_tensor(c)}, {_ms(c.time_ns)}  "
                      f"{format_site(c.site, cwd)}"
                      f"{f' [thread {c.thread}]' if c.thread is not None else ''}{text}")
+        if step.user is not None:  # made inside a library: the user's line that led there
+            lines.append(f"    {'from':<9} your code  {format_site(step.user, cwd)}"
+                         f"{f'   {step.user_text}' if step.user_text else ''}")
         if n < len(chain.middle):
             lines.append(_end("op", chain.middle[n], cwd, "?"))
     lines.append(_end("read by", chain.consumer, cwd, "no op (a Python value, or never read)"))
@@ -112,6 +115,7 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion]) -> str:
                         "shape": st.copy.shape, "dtype": st.copy.dtype,
                         "time_ns": st.copy.time_ns, "share": st.share,
                         "site": _site_dict(st.copy.site), "text": st.text,
+                        "user_site": _site_dict(user_site(st.copy)),
                         "thread": st.copy.thread}
                        for st in ch.steps],
             "between": [_end_dict(m) for m in ch.middle],

@@ -24,7 +24,7 @@ from typing import Any
 
 
 from ..core.defaults import MAX_STACK_FRAMES
-from ..core.paths import is_internal_file
+from ..core.paths import is_internal_file, is_user_file
 from ..core.trace import Site
 
 #: Frames of the interpreter's own machinery that run a script (runpy) are never user code.
@@ -140,17 +140,24 @@ class SiteResolver:
         return found
 
     def stack(self) -> list[Site]:
-        """User frames, innermost first, at most MAX_STACK_FRAMES (used for copies only)."""
+        """Frames outside torch and this package, innermost first, at most MAX_STACK_FRAMES
+        (used for copies only); when none of those is the user's own code (a copy deep in a
+        library), the innermost frame that is follows them."""
         frames: list[Site] = []
         frame = _getframe(1)
         codes = self.codes
-        while frame is not None and len(frames) < MAX_STACK_FRAMES:
+        mine = False  # a frame of the user's own code is kept
+        while frame is not None:
             if frame.f_code.co_filename in _SCRIPT_BOUNDARY:
                 break  # above runpy lies the launcher (the CLI), not the user's program
             entry = codes.get(id(frame.f_code))
             if entry is None:
                 entry = self.classify(frame.f_code)
             if entry is not False and entry is not BOUNDARY:
-                frames.append(self.site_of(frame))
+                if len(frames) < MAX_STACK_FRAMES or is_user_file(frame.f_code.co_filename):
+                    frames.append(self.site_of(frame))
+                    mine = mine or is_user_file(frame.f_code.co_filename)
+                if mine and len(frames) >= MAX_STACK_FRAMES:
+                    break
             frame = frame.f_back
         return frames

@@ -1,0 +1,132 @@
+"""explain on programs whose copies happen inside libraries: the user's own line is named,
+advice goes there (never a patch to site-packages), wording follows the trace, and one edit
+is one suggestion. Hand-built traces with round numbers, plus one traced run through a
+library deeper than a copy's kept stack."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import torch
+
+import memcpy_doctor
+from memcpy_doctor.analysis.attribution import explain, user_site
+from memcpy_doctor.analysis.rules import suggest
+from memcpy_doctor.core.defaults import MAX_STACK_FRAMES
+from memcpy_doctor.core.summary import summarize
+from memcpy_doctor.core.trace import CopyRecord, Meta, OpRef, Site, Trace
+from memcpy_doctor.render.explain import render_explain_text
+
+TRAIN = textwrap.dedent("""\
+    import torch
+    from somelib import fit, Scaler
+
+    for step in range(10):
+        fit(model, batch)
+        scaler.step(opt)
+        total += loss.item()
+        batch = batch.to("cuda")
+""")
+
+
+def _trace(copies: list[CopyRecord]) -> Trace:
+    meta = Meta(device="sim", simulated=True, device_name="GPU", device_profile=None,
+                torch_version="2.13.0", command=["train.py"])
+    return Trace(meta, summarize(10_000_000, [], copies), [], [], copies, [])
+
+
+def _copy(direction: str, trigger: str, site: Site, stack: list[Site], pinned: bool = False,
+          producer: OpRef | None = None, host_ns: int = 500_000) -> CopyRecord:
+    return CopyRecord(direction, True, pinned, trigger, 10, 40_960, host_ns, 100_000, site,
+                      stack, producer, None, [10, 1024], "float32")
+
+
+def _files(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN)
+    lib = tmp_path / "env" / "lib" / "python3.11" / "site-packages" / "somelib" / "move.py"
+    lib.parent.mkdir(parents=True)
+    lib.write_text("def move(x, device):\n    return x.to(device)\n")
+    return str(train), str(lib)
+
+
+def test_a_copy_inside_a_library_is_advised_at_the_users_call(tmp_path):
+    train, lib = _files(tmp_path)
+    in_lib, call = Site(lib, 2, "move"), Site(train, 5, "<module>")
+    c = _copy("HtoD", "to", in_lib, [in_lib, call])
+    assert user_site(c) is call
+    trace = _trace([c])
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.rule == "pinned-non-blocking"
+    assert s.title == "give pinned data to the call at train.py:5"
+    assert s.sites == [call] and s.diff is None and not s.exact
+    assert "made inside env/lib/python3.11/site-packages/somelib/move.py:2" in s.detail
+    text = render_explain_text(explain(trace), [s], cwd=str(tmp_path))
+    assert "    from      your code  train.py:5   fit(model, batch)" in text
+
+
+def test_one_edit_is_one_suggestion_with_its_paths_merged(tmp_path):
+    train, _ = _files(tmp_path)
+    at = Site(train, 8, "<module>")
+    copies = [_copy("HtoD", "to", at, [at], producer=OpRef(f"aten::op{i}", "cpu", None))
+              for i in range(3)]
+    trace = _trace(copies)
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.title == "pin and copy with non_blocking=True at train.py:8"
+    launch = 10 * 5_000  # each path gives back its host time less the launches left
+    assert s.saving_ns == 3 * (500_000 - launch) and len(s.removes) == 3
+    assert s.detail.endswith("(the figures of one copy path; this edit removes 3 paths, "
+                             "30 calls)")
+    assert s.diff.count('+    batch = batch.to("cuda", non_blocking=True)') == 1
+
+
+def test_a_pinned_copy_is_not_told_to_pin(tmp_path):
+    train, _ = _files(tmp_path)
+    at = Site(train, 8, "<module>")
+    trace = _trace([_copy("HtoD", "to", at, [at], pinned=True)])
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.title == "copy with non_blocking=True at train.py:8"
+    assert "from pinned memory" in s.detail and "the source is pinned already" in s.detail
+    assert "pin_memory()" not in s.detail
+
+
+def test_a_read_inside_a_call_is_not_told_to_accumulate(tmp_path):
+    train, _ = _files(tmp_path)
+    scaler, item = Site(train, 6, "<module>"), Site(train, 7, "<module>")
+    trace = _trace([_copy("DtoH", "item", scaler, [scaler], host_ns=400_000),
+                    _copy("DtoH", "item", item, [item], host_ns=300_000)])
+    found = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert [(s.rule, s.sites) for s in found] == [("host-read-in-loop", [item])]
+
+
+def test_nothing_is_suggested_inside_a_library(tmp_path):
+    train, lib = _files(tmp_path)
+    in_lib, call = Site(lib, 2, "move"), Site(train, 5, "<module>")
+    trace = _trace([_copy("DtoH", "nonzero", in_lib, [in_lib, call]),
+                    _copy("DtoH", "item", in_lib, [in_lib, call])])
+    assert suggest(trace, explain(trace), cwd=str(tmp_path)) == []
+
+
+def test_a_copy_deep_in_a_library_still_names_the_users_line(tmp_path, monkeypatch):
+    lib_dir = tmp_path / "site-packages"
+    lib_dir.mkdir()
+    depth = MAX_STACK_FRAMES + 5
+    (lib_dir / "deeplib.py").write_text(textwrap.dedent(f"""\
+        def read(t, n={depth}):
+            if n:
+                return read(t, n - 1)
+            return t.item()
+    """))
+    monkeypatch.syspath_prepend(str(lib_dir))
+    sys.modules.pop("deeplib", None)
+    import deeplib
+
+    with memcpy_doctor.profiler(device="sim") as prof:
+        value = deeplib.read(torch.ones(1, device="cuda"))  # the user's line
+    line = sys._getframe().f_lineno - 1
+    assert value == 1.0
+    (c,) = [c for c in prof.trace.copies if c.trigger == "item"]
+    assert c.site.file == str(lib_dir / "deeplib.py")
+    assert len(c.stack) == MAX_STACK_FRAMES + 1
+    assert user_site(c) == Site(__file__, line, user_site(c).function)
