@@ -311,47 +311,9 @@ class Trace:
 
     # ----- pandas -----
     def dataframes(self) -> dict[str, Any]:
-        """The trace's tables as pandas DataFrames, units in the column names. Every table
-        has its columns even when it has no rows."""
-        import pandas as pd
-
-        def site(prefix: str, st: Site | None) -> dict[str, Any]:
-            return {f"{prefix}file": st.file if st else None,
-                    f"{prefix}line": st.line if st else None,
-                    f"{prefix}function": st.function if st else None}
-
-        def ref(prefix: str, r: OpRef | None) -> dict[str, Any]:
-            return {f"{prefix}op": r.op if r else None, f"{prefix}device": r.device if r else None,
-                    **site(prefix + "site_", r.site if r else None)}
-
-        def table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
-            return pd.DataFrame(rows, columns=columns)
-
-        site_cols = list(site("", None))
-        return {
-            "events": table([
-                {"event": e.name, "calls": e.calls, "cpu_time_ns": e.cpu_ns,
-                 "gpu_time_ns": e.gpu_ns, "total_time_ns": e.total_ns, "min_time_ns": e.min_ns,
-                 "max_time_ns": e.max_ns} for e in self.events],
-                ["event", "calls", "cpu_time_ns", "gpu_time_ns", "total_time_ns", "min_time_ns",
-                 "max_time_ns"]),
-            "ops": table([
-                {"op": o.op, "device": o.device, **site("", o.site), "calls": o.calls,
-                 "host_time_ns": o.host_ns, "device_time_ns": o.device_ns} for o in self.ops],
-                ["op", "device", *site_cols, "calls", "host_time_ns", "device_time_ns"]),
-            "copies": table([
-                {"direction": c.direction, "sync": c.sync, "pinned": c.pinned,
-                 "trigger": c.trigger, "calls": c.calls, "bytes": c.bytes,
-                 "host_time_ns": c.host_ns, "device_time_ns": c.device_ns, **site("", c.site),
-                 **ref("producer_", c.producer), **ref("consumer_", c.consumer)}
-                for c in self.copies],
-                ["direction", "sync", "pinned", "trigger", "calls", "bytes", "host_time_ns",
-                 "device_time_ns", *site_cols, *ref("producer_", None),
-                 *ref("consumer_", None)]),
-            "waits": table([
-                {"kind": w.kind, "calls": w.calls, "wait_time_ns": w.wait_ns, **site("", w.site)}
-                for w in self.waits], ["kind", "calls", "wait_time_ns", *site_cols]),
-        }
+        """The trace's tables as pandas DataFrames (core/tables.py)."""
+        from .tables import dataframes
+        return dataframes(self)
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
