@@ -478,7 +478,9 @@ def _mutated_trace_dicts(draw):
         if draw(st.booleans()):
             del container[key]
         else:
-            container[key] = draw(_replacements)
+            # (a copy: sampled_from hands out its own [] and {} each time, and a later
+            # mutation inside one would change what the next example draws)
+            container[key] = copy.deepcopy(draw(_replacements))
     return data
 
 
