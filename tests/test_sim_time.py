@@ -60,6 +60,7 @@ def test_a_small_program_costs_exactly_what_the_model_says():
     assert t.summary.total_ns == 7 * p.python_op_ns + 2_002 + 2_000 + 3 * 5_000 + 8_002
     assert (t.summary.total_ns, t.summary.overhead_ns) == (34_004, 7_000)
     assert [(c.trigger, c.host_ns, c.device_ns) for c in t.copies] == [("item", 8_002, 2_000)]
+    assert (t.copies[0].first_ns, t.copies[0].last_ns) == (33_004, 33_004)  # when it ended
     assert t.meta.wall_ns > 0  # measured, and kept apart
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 
 from ..core.paths import is_user_file
 from ..core.trace import CopyRecord, OpRef, Site, Trace
+from .steady import per_step
 
 SourceReader = Callable[[Site], str]
 
@@ -70,6 +71,7 @@ class Chain:
     consumer: End | None
     time_ns: int = 0
     share: float = 0.0
+    per_step: bool = True  # a copy of it repeats through the run (analysis/steady.py)
 
     @property
     def bounces(self) -> bool:
@@ -87,8 +89,9 @@ class Explanation:
 
 
 def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
-    """Every sync copy path, most costly first, joined into chains where one copy's consumer
-    is the next copy's producer (the data goes back where it came from)."""
+    """Every sync copy path, joined into chains where one copy's consumer is the next copy's
+    producer (the data goes back where it came from): those that repeat every step first,
+    then setup and one-off ones, each most costly first."""
     total = trace.summary.total_ns
     sync = sorted((c for c in trace.copies if c.sync), key=lambda c: (-c.time_ns, -c.calls))
     by_producer: dict[OpRef, list[CopyRecord]] = {}
@@ -122,8 +125,9 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
             middle=middle, consumer=End.of(cur.consumer, source))
         chain.time_ns = sum(s.copy.time_ns for s in chain.steps)
         chain.share = chain.time_ns / total if total else 0.0
+        chain.per_step = any(per_step(s.copy, total) for s in chain.steps)
         chains.append(chain)
-    chains.sort(key=lambda ch: -ch.time_ns)
+    chains.sort(key=lambda ch: (not ch.per_step, -ch.time_ns))  # the steady state first
     return Explanation(total_ns=total, simulated=trace.meta.simulated,
                        device_name=trace.meta.device_name, chains=chains,
                        sync_calls=sum(c.calls for c in sync),

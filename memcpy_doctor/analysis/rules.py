@@ -21,6 +21,7 @@ from ..core.costmodel import profile_of
 from ..core.paths import format_site, is_user_file
 from .edits import guard_cost_ns, guard_diff, unified_diff
 from .placement_graph import placement_suggestions
+from .steady import per_step
 from .suggestion import Suggestion
 
 
@@ -161,12 +162,17 @@ class PinnedNonBlocking(Rule):
             user = user_site(c)
             if saving <= 0 or c.site is None or user is None:
                 continue
+            if user is not c.site and not per_step(c, trace.summary.total_ns):
+                continue  # a library's one-off copies (a model moved once): nothing to gain
             out.append(self._suggest(c, user, saving, cwd))
         return out
 
     def _suggest(self, c: CopyRecord, user: Site, saving: int, cwd: str | None) -> Suggestion:
-        each = (f"{c.calls} host->device copies of {c.bytes // max(c.calls, 1)} bytes each "
-                f"from {'pinned' if c.pinned else 'pageable'} memory, each waited for")
+        many = c.calls != 1
+        each = (f"{c.calls} host->device cop{'ies' if many else 'y'} of "
+                f"{c.bytes // max(c.calls, 1)} bytes{' each' if many else ''} from "
+                f"{'pinned' if c.pinned else 'pageable'} memory, "
+                f"{'each ' if many else ''}waited for")
         if user is not c.site:  # made inside a library: advice at the user's call, no patch
             return Suggestion(
                 rule=self.name, title=f"give pinned data to the call at {format_site(user, cwd)}",
@@ -258,7 +264,9 @@ class HostReadInLoop(Rule):
         for c in trace.copies:
             if c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS:
                 continue
-            if c.calls < 2 or c.site is None or not self._read_here(c):
+            if c.site is None or not per_step(c, trace.summary.total_ns):
+                continue  # (two reads on one line, or in one burst, are not a loop)
+            if not self._read_here(c):
                 continue
             saving = c.host_ns * (c.calls - 1) // c.calls
             out.append(Suggestion(
@@ -321,7 +329,8 @@ class DataDependentShape(Rule):
 
 def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
             device_memory_bytes: int | None = None) -> list[Suggestion]:
-    """Every rule's suggestions, largest estimated saving first, one per distinct edit (the
+    """Every rule's suggestions, those for copies made every step first, each group largest
+    estimated saving first; one per distinct edit (the
     copy paths one edit removes merged into it) and none that saves nothing; a copy is claimed
     by the first (most specific) rule that removes it. The placement (a minimum cut over the op graph)
     comes first under a device memory budget, last otherwise."""
@@ -352,5 +361,6 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
         if id(s) in merged:
             s.detail += (f" (the figures of one copy path; this edit removes "
                          f"{len(s.removes)} paths, {sum(c.calls for c in s.removes)} calls)")
-    found.sort(key=lambda s: -s.saving_ns)
+    total = trace.summary.total_ns  # what repeats every step first, then setup
+    found.sort(key=lambda s: (not any(per_step(c, total) for c in s.removes), -s.saving_ns))
     return found

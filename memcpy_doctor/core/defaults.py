@@ -55,6 +55,11 @@ PRODUCER_SWEEP_MIN = 4096
 #: costs the per-op path a fraction of five counter updates. Bounds the lists' memory.
 OP_TIMES_FOLD_AT = 64
 
+#: A copy path repeats "per step" when its calls spread over at least this share of the run
+#: (its first to its last call); one call, or calls in one burst (model.to's copies of each
+#: parameter), are setup or one-off (analysis/steady.py).
+PER_STEP_MIN_SPREAD = 0.25
+
 #: Most user frames kept in a copy record's stack.
 MAX_STACK_FRAMES = 16
 

@@ -170,6 +170,10 @@ class CopyRecord:
     shape: list[int] | None = None
     dtype: str | None = None
     thread: str | None = None  # the thread that made it, when not the one that traced
+    #: when its first and last calls were made, on the host's clock from the run's start (the
+    #: simulated GPU's modeled clock; wall time on a real GPU); None in older traces
+    first_ns: int | None = None
+    last_ns: int | None = None
 
     @property
     def time_ns(self) -> int:
@@ -459,4 +463,9 @@ def _copy(d: Any) -> CopyRecord:
         stack=[_site(f) for f in _list(d["stack"], "copy.stack")],
         producer=_ref(d["producer"]), consumer=_ref(d["consumer"]),
         shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
-        dtype=None if dtype is None else _str(dtype), thread=_thread(d))
+        dtype=None if dtype is None else _str(dtype), thread=_thread(d),
+        first_ns=_optional_int(d, "first_ns"), last_ns=_optional_int(d, "last_ns"))
+
+
+def _optional_int(d: dict[str, Any], key: str) -> int | None:
+    return None if d.get(key) is None else _int(d[key], f"copy.{key}")

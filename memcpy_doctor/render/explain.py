@@ -65,6 +65,21 @@ def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
     return lines
 
 
+def _setup_lines(chains: list[Chain], cwd: str | None) -> list[str]:
+    """One line per user line that led to copies made once or in one burst."""
+    by_site: dict[Any, list[CopyRecord]] = {}
+    for chain in chains:
+        for step in chain.steps:
+            by_site.setdefault(step.user or step.copy.site, []).append(step.copy)
+    out = []
+    for site, copies in sorted(by_site.items(), key=lambda kv: -sum(c.time_ns for c in kv[1])):
+        calls = sum(c.calls for c in copies)
+        kinds = ", ".join(sorted({f"{c.direction} `{c.trigger}`" for c in copies}))
+        out.append(f"    {calls} cop{'y' if calls == 1 else 'ies'} ({kinds}), "
+                   f"{_ms(sum(c.time_ns for c in copies))}, at {format_site(site, cwd)}")
+    return out
+
+
 def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
                         cwd: str | None = None) -> str:
     place = (f"simulated {exp.device_name}; times are modeled" if exp.simulated
@@ -75,10 +90,16 @@ def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
              f"{_ms(exp.sync_time_ns)} ({share:.2%})", ""]
     if not exp.chains:
         lines.append("No copies the host waited for.")
-    for i, chain in enumerate(exp.chains, 1):
+    steady = [ch for ch in exp.chains if ch.per_step]
+    if steady:
+        lines += ["Every step:", ""]
+    for i, chain in enumerate(steady, 1):
         lines += _chain_text(i, chain, cwd) + [""]
-    lines.append("Suggestions (largest estimated saving first)" if suggestions
-                 else "No suggestions.")
+    setup = _setup_lines([ch for ch in exp.chains if not ch.per_step], cwd)
+    if setup:
+        lines += ["Setup and one-off (not every step):", *setup, ""]
+    lines.append("Suggestions (every step's first, then largest estimated saving first)"
+                 if suggestions else "No suggestions.")
     for i, s in enumerate(suggestions, 1):
         lines += _suggestion_text(i, s, cwd)
     return "\n".join(lines).rstrip() + "\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..analysis.steady import StepSplit, split_sync
 from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..core.paths import format_site
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
@@ -90,6 +91,16 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
     return table
 
 
+def _per_step_line(split: StepSplit) -> str:
+    """The GpuMemCpy Summary's one line beyond Paddle's: the sync copies of one step."""
+    setup = f"setup and one-off: {split.setup_calls} calls, {_ms(split.setup_ns)}"
+    if split.steps is None:
+        return f"{'  GpuMemcpySync per step':<25}none repeats ({setup})"
+    return (f"{'  GpuMemcpySync per step':<25}Calls: {split.calls_per_step:<12.6g}"
+            f"Total: {_ms(round(split.ns_per_step)):<12}"
+            f"Steps: {split.steps}, estimated ({setup})")
+
+
 def _other_threads(trace: Trace) -> list[str]:
     """Threads other than the tracing one that ran ops, made copies or waited."""
     names = {r.thread for r in (*trace.ops, *trace.copies, *trace.waits)}
@@ -142,6 +153,7 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
                        ("  GpuMemcpySync", s.memcpy_sync)):
         lines.append(f"{label:<25}Calls: {fig.calls:<12}Total: {_ms(fig.time_ns):<12}"
                      f"Ratio: {_pct(fig.time_ns, total)}")
+    lines.append(_per_step_line(split_sync(trace)))
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
               "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
     return "\n".join(lines)

@@ -155,7 +155,7 @@ class Tracer:
             stack.close()
             raise
         self._stack = stack
-        self._start_ns = perf_counter_ns()
+        self._start_ns = state.start_ns = perf_counter_ns()
         return self
 
     def _handlers(self, state: TraceState) -> dict[Any, Callable]:

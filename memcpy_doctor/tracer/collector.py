@@ -129,9 +129,12 @@ class OpAgg:
 
 
 class CopyAgg:
-    __slots__ = ("calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype")
+    __slots__ = ("calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype",
+                 "first_ns", "last_ns")
 
-    def __init__(self, stack: list[Site], shape: list[int] | None, dtype: str | None) -> None:
+    def __init__(self, stack: list[Site], shape: list[int] | None, dtype: str | None,
+                 at_ns: int) -> None:
+        self.first_ns = self.last_ns = at_ns  # when its first and last calls were made
         self.calls = 0
         self.bytes = 0
         self.host_ns = 0
@@ -145,11 +148,12 @@ class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
     __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
-                 "event", "holders", "logged", "chrome_event")
+                 "event", "holders", "logged", "chrome_event", "at_ns")
 
     def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
-                 event: EventAgg) -> None:
+                 event: EventAgg, at_ns: int) -> None:
+        self.at_ns = at_ns  # when it was made (the host's clock from the run's start)
         self.key = key
         self.nbytes = nbytes
         self.host_ns = host_ns
@@ -258,9 +262,9 @@ class Collector:
              nbytes: int, host_ns: int, device_ns: int, site: Site | None,
              stack: list[Site], producer: OpRef | None, dst: torch.Tensor | None,
              shape: list[int] | None = None, dtype: str | None = None,
-             thread: str | None = None) -> PendingCopy:
-        """Record one copy (made in `thread`, None for the tracing thread). With `dst`, it
-        waits for the first op that reads dst."""
+             thread: str | None = None, at_ns: int = 0) -> PendingCopy:
+        """Record one copy (made in `thread`, None for the tracing thread, at `at_ns` on the
+        host's clock). With `dst`, it waits for the first op that reads dst."""
         if self.listeners:
             note = CopyEvent(direction, sync, pinned, trigger, nbytes, site, producer, shape,
                              dtype)
@@ -271,7 +275,8 @@ class Collector:
             event = self.events[copy_event_name(direction, sync)] = EventAgg()
         event.add(host_ns, device_ns)
         key = (direction, sync, pinned, trigger, site, producer, thread)
-        pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event)
+        pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event,
+                              at_ns)
         if self.chrome is not None:
             pending.chrome_event = self.chrome.add(
                 "memcpy", copy_event_name(direction, sync), host_ns, device_ns,
@@ -344,7 +349,8 @@ class Collector:
         key = p.key + (consumer,)
         agg = self.copies.get(key)
         if agg is None:
-            agg = self.copies[key] = CopyAgg(p.stack, p.shape, p.dtype)
+            agg = self.copies[key] = CopyAgg(p.stack, p.shape, p.dtype, p.at_ns)
+        agg.last_ns = p.at_ns
         agg.calls += 1
         agg.bytes += p.nbytes
         agg.host_ns += p.host_ns
@@ -408,7 +414,7 @@ class Collector:
                 self.copies.items():
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,
-                                  a.shape, a.dtype, thread))
+                                  a.shape, a.dtype, thread, a.first_ns, a.last_ns))
         return out
 
     def wait_records(self) -> list[WaitRecord]:

@@ -11,6 +11,7 @@ copy's one way into the records (`record_copy`). Each traced thread has its own 
 from __future__ import annotations
 
 import sys
+from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -111,6 +112,7 @@ class TraceState:
         #: the user call site of the Tensor.backward() call now running, if any: the site of
         #: every op the autograd engine runs for it without Python code in between
         self.backward_site: Any = UNRESOLVED
+        self.start_ns = perf_counter_ns()  # the run's start (Tracer.start sets it again)
         self.thread: str | None = None  # another thread's name; None: the tracing thread
         #: real GPU: above 0 while the tracer runs a copy or a wait that it records itself,
         #: and the op now running (its OpInfo): CUDA's sync callbacks read both to tell the
@@ -222,7 +224,13 @@ class TraceState:
             host_ns=host_ns, device_ns=device_ns, site=site, stack=self.sites.stack_at(site),
             producer=col.producer_of(src) if src is not None else None, dst=dst,
             shape=list(described.shape), dtype=str(described.dtype).replace("torch.", ""),
-            thread=self.thread)
+            thread=self.thread, at_ns=self.clock_ns())
+
+    def clock_ns(self) -> int:
+        """The host's clock from the run's start: modeled on the simulated GPU, else wall."""
+        if self.timeline is not None:
+            return self.timeline.host_ns
+        return perf_counter_ns() - self.start_ns
 
     def sync_copy(self, direction: str, trigger: str, nbytes: int, src: Tensor, site: Any,
                   measured_ns: int) -> None:

@@ -1,0 +1,67 @@
+"""Steady state and setup (analysis/steady.py): which sync copies repeat every step, how many
+steps ran, and how the report and explain use that. Hand-built traces with round numbers."""
+
+from __future__ import annotations
+
+from memcpy_doctor.analysis.attribution import explain
+from memcpy_doctor.analysis.steady import per_step, split_sync
+from memcpy_doctor.core.summary import summarize
+from memcpy_doctor.core.trace import CopyRecord, Meta, OpRecord, Site, Trace
+from memcpy_doctor.render.explain import render_explain_text
+from memcpy_doctor.render.text import render_text
+
+TOTAL = 10_000_000
+
+
+def _copy(trigger: str, calls: int, first: int | None, last: int | None, site: Site,
+          direction: str = "DtoH", stack: list[Site] | None = None) -> CopyRecord:
+    return CopyRecord(direction, True, False, trigger, calls, 4 * calls, 10_000 * calls,
+                      1_000 * calls, site, stack or [site], None, None, [], "float32",
+                      first_ns=first, last_ns=last)
+
+
+def test_a_path_is_per_step_when_its_calls_spread_over_a_quarter_of_the_run():
+    at = Site("/w/train.py", 9, "<module>")
+    assert not per_step(_copy("to", 1, 5_000, 5_000, at), TOTAL)  # once
+    assert not per_step(_copy("to", 122, 1_000, 2_000_000, at), TOTAL)  # a burst: model.to
+    assert per_step(_copy("item", 10, 1_000_000, 3_500_000, at), TOTAL)  # 25%
+    assert per_step(_copy("item", 2, None, None, at), TOTAL)  # an older trace: repeats count
+
+
+def _trace(tmp_path) -> tuple[Trace, Site, Site]:
+    train = tmp_path / "train.py"
+    train.write_text("import torch\n" * 8 + "model.to('cuda')\n" + "x\n" * 10
+                     + "    total += loss.item()\n")
+    setup, step = Site(str(train), 9, "<module>"), Site(str(train), 20, "<module>")
+    copies = [_copy("to", 122, 100_000, 1_000_000, setup, "HtoD"),
+              _copy("item", 20, 2_000_000, 9_000_000, step)]
+    ops = [OpRecord("aten::mm", "cuda:0", step, 10, 50_000, 20_000),   # once a step
+           OpRecord("aten::add", "cuda:0", step, 10, 50_000, 20_000),
+           OpRecord("aten::relu", "cuda:0", step, 20, 100_000, 40_000),  # twice a step
+           OpRecord("aten::empty", "cpu", setup, 3, 6_000, 0)]  # host ops do not count
+    meta = Meta(device="sim", simulated=True, device_name="GPU", device_profile=None,
+                torch_version="2.13.0", command=["train.py"])
+    return Trace(meta, summarize(TOTAL, [], copies), [], ops, copies, []), setup, step
+
+
+def test_the_report_has_one_line_for_a_step(tmp_path):
+    trace, _, _ = _trace(tmp_path)
+    split = split_sync(trace)
+    assert (split.steps, split.step_calls, split.step_ns) == (10, 20, 220_000)
+    assert (split.setup_calls, split.setup_ns) == (122, 1_342_000)
+    assert ("  GpuMemcpySync per step Calls: 2           Total: 0.022       Steps: 10, "
+            "estimated (setup and one-off: 122 calls, 1.342)") in render_text(trace).splitlines()
+
+
+def test_explain_puts_the_step_first_and_setup_on_one_line(tmp_path):
+    trace, setup, step = _trace(tmp_path)
+    exp = explain(trace)
+    assert [(ch.per_step, ch.steps[0].copy.trigger) for ch in exp.chains] == [
+        (True, "item"), (False, "to")]
+    text = render_explain_text(exp, [], cwd=str(tmp_path))
+    lines = text.splitlines()
+    assert lines[3] == "Every step:"
+    i = lines.index("Setup and one-off (not every step):")
+    assert lines[i + 1] == "    122 copies (HtoD `to`), 1.342 ms, at train.py:9"
+    assert not any("#2" in line for line in lines)  # setup is a line, not a chain
+
