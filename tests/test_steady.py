@@ -1,9 +1,11 @@
 """Steady state and setup (analysis/steady.py): which sync copies repeat every step, how many
-steps ran, and how the report and explain use that. Hand-built traces with round numbers."""
+steps ran, and how the report, explain and its library-setting rule use that. Hand-built
+traces with round numbers."""
 
 from __future__ import annotations
 
 from memcpy_doctor.analysis.attribution import explain
+from memcpy_doctor.analysis.rules import suggest
 from memcpy_doctor.analysis.steady import per_step, split_sync
 from memcpy_doctor.core.summary import summarize
 from memcpy_doctor.core.trace import CopyRecord, Meta, OpRecord, Site, Trace
@@ -65,3 +67,14 @@ def test_explain_puts_the_step_first_and_setup_on_one_line(tmp_path):
     assert lines[i + 1] == "    122 copies (HtoD `to`), 1.342 ms, at train.py:9"
     assert not any("#2" in line for line in lines)  # setup is a line, not a chain
 
+
+def test_a_library_setting_is_advised_at_the_users_call(tmp_path):
+    trace, _, step = _trace(tmp_path)
+    lib = Site("/env/lib/python3.11/site-packages/lightning/pytorch/loops/x.py", 134, "f")
+    trace.copies = [_copy("item", 20, 2_000_000, 9_000_000, lib, stack=[lib, step])]
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.rule == "library-setting" and s.sites == [step] and s.diff is None
+    assert s.title == "change Lightning's setting (the copy every step under train.py:20)"
+    assert "Trainer(log_every_n_steps=...)" in s.detail and s.saving_ns == 200_000
+    trace.copies[0].last_ns = 2_500_000  # not every step: no advice
+    assert suggest(trace, explain(trace), cwd=str(tmp_path)) == []

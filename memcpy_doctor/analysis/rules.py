@@ -12,6 +12,7 @@ costs more than it saves is not proposed; none changes what the program computes
 from __future__ import annotations
 
 import abc
+import os
 import re
 from typing import Callable, ClassVar
 
@@ -132,6 +133,68 @@ class HostRoundTrip(Rule):
             diff="".join(d for d in diffs if d) or None,
             apply={"kind": "device_guard", "device": "cpu",
                    "sites": [{"file": s.file, "line": s.line} for s in ordered]})
+
+
+#: Copies a library makes because of a setting it documents: (a folder or file of the
+#: library, in the copy's stack with "/" for the separator; the copy's direction and
+#: triggers; whether the source must be pinned (None: either); the library; the advice).
+LIBRARY_SETTINGS = (
+    ("lightning/pytorch/", "DtoH", ("item",), None, "Lightning",
+     "it reads what `self.log` records back to the host for the progress bar and the loggers: "
+     "log with `on_step=False, on_epoch=True` or `prog_bar=False`, or set a larger "
+     "`Trainer(log_every_n_steps=...)`"),
+    ("transformers/trainer.py", "DtoH", ("bool", "item"), None, "the HF Trainer",
+     "it checks every step's loss for nan/inf (`TrainingArguments(logging_nan_inf_filter="
+     "False)` turns that off) and reads the loss every `logging_steps`"),
+    ("accelerate/", "HtoD", ("to",), True, "accelerate",
+     "the batches are pinned but copied without non_blocking: "
+     "`Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))`"),
+    ("accelerate/", "HtoD", ("to",), False, "accelerate",
+     "the batches are copied from pageable memory, each waited for: `DataLoader("
+     "pin_memory=True)` and `Accelerator(dataloader_config=DataLoaderConfiguration("
+     "non_blocking=True))`"),
+)
+
+
+@register
+class LibrarySetting(Rule):
+    """A copy a library makes every step because of one of its settings.
+
+        self.log("loss", loss, prog_bar=True)     # Lightning reads it back every step
+
+    The library's documented setting, at the user's call; never a patch to the library.
+    """
+
+    name = "library-setting"
+    description = "Change the library setting that makes the copy"
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        out = []
+        total = trace.summary.total_ns
+        for c in trace.copies:
+            if not c.sync or not per_step(c, total):
+                continue
+            found = self._setting(c)
+            user = user_site(c)
+            if found is None or user is None or c.site is user:
+                continue
+            library, advice = found
+            out.append(Suggestion(
+                rule=self.name, title=f"change {library}'s setting (the copy every step under "
+                                      f"{format_site(user, cwd)})",
+                detail=f"{c.calls} {c.direction} `{c.trigger}` copies inside {library}; {advice}",
+                sites=[user], removes=[c], saving_ns=c.host_ns, exact=False))
+        return out
+
+    @staticmethod
+    def _setting(c: CopyRecord) -> tuple[str, str] | None:
+        files = [s.file.replace(os.sep, "/") for s in (c.site, *c.stack) if s is not None]
+        for where, direction, triggers, pinned, library, advice in LIBRARY_SETTINGS:
+            if (c.direction == direction and c.trigger in triggers
+                    and (pinned is None or bool(c.pinned) == pinned)
+                    and any(where in f for f in files)):
+                return library, advice
+        return None
 
 
 _TRANSFER_CALL = re.compile(r"\.(to|cuda)\(([^()]*)\)")
