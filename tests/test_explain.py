@@ -287,3 +287,37 @@ def test_memory_budget_pins_the_weights_where_they_are_made(tmp_path):
     assert "+            self.emb = torch.nn.Embedding(vocab, 150)" in s.diff
     # with room for the weights, nothing needs to move
     assert placement_suggestions(trace, 80 * 2**30, str(tmp_path))[1] == []
+
+
+BRANCHES = textwrap.dedent("""\
+    import torch
+    while x.abs().max() > tol:
+        x = x * 0.5
+    for step in range(20):
+        if torch.isnan(loss).any():
+            break
+        y = 1 if flag.item() else 0
+        total += loss.item()
+""")
+
+
+@pytest.mark.parametrize("line, trigger, kind", [
+    (2, "bool", "loop condition `while x.abs().max() > tol:`"),
+    (5, "bool", "branch `if torch.isnan(loss).any():`"),
+    (7, "item", "branch `y = 1 if flag.item() else 0`")])
+def test_a_branch_on_a_device_value_in_a_loop(tmp_path, line, trigger, kind):
+    path = tmp_path / "b.py"
+    path.write_text(BRANCHES)
+    at = Site(str(path), line, "<module>")
+    copy = CopyRecord("DtoH", True, False, trigger, 8, 8, 80_000, 16_000, at, [at], None, None,
+                      [], "bool")
+    trace = Trace(Meta(device="sim", simulated=True, device_name="GPU", device_profile=None,
+                       torch_version="2.13.0", command=["b.py"]),
+                  summarize(10_000_000, [], [copy]), [], [], [copy], [])
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert (s.rule, s.title) == ("device-value-branch",
+                                 f"test the device value less often at b.py:{line}")
+    assert s.detail.startswith(f"the {kind} waits for the device 8 times")
+    assert s.saving_ns == 70_000  # all but one of the 8 waits
+    copy.calls = 1  # a branch taken once is not in a loop
+    assert [x.rule for x in suggest(trace, explain(trace))] == []

@@ -308,6 +308,47 @@ def _drop_transfer_diff(site: Site, cwd: str | None) -> str | None:
     return _line_diff(site, cwd, edit)
 
 
+#: A statement that branches on a value: `if`, `elif`, `while`, and a conditional expression.
+_BRANCH = re.compile(r"^(if|elif|while)\b|\bif\b.*\belse\b")
+
+
+@register
+class DeviceValueBranch(Rule):
+    """A branch on a device value, taken every step.
+
+        while x.abs().max() > tol:         # the host waits for the device each time round
+        if torch.isnan(loss).any():        # ... and here every step
+
+    Test it every k steps, or keep the decision on the device (`torch.where`,
+    `torch.nan_to_num`, `torch.cond`) so the host need not wait.
+    """
+
+    name = "device-value-branch"
+    description = "Branch on a device value less often, or keep the decision on the device"
+    TRIGGERS = ("bool", "item", "float", "int")
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        out = []
+        for c in trace.copies:
+            if c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS:
+                continue
+            if c.site is None or not is_user_file(c.site.file) or c.calls < 2:
+                continue  # (a branch whose line ran twice or more is in a loop)
+            line = read_line(c.site)
+            if not _BRANCH.search(line):
+                continue
+            kind = "loop condition" if line.startswith("while") else "branch"
+            out.append(Suggestion(
+                rule=self.name,
+                title=f"test the device value less often at {format_site(c.site, cwd)}",
+                detail=(f"the {kind} `{line}` waits for the device {c.calls} times; test it "
+                        "every k steps, or keep the decision on the device (torch.where, "
+                        "torch.nan_to_num, torch.cond)"),
+                sites=[c.site], removes=[c], saving_ns=c.host_ns * (c.calls - 1) // c.calls,
+                exact=False))
+        return out
+
+
 @register
 class HostReadInLoop(Rule):
     """A value read back to the host on every iteration.
