@@ -32,6 +32,7 @@ from .core.units import parse_bytes
 from .render.explain import FORMATS as EXPLAIN_FORMATS, render_logs
 from .render.text import render_reports
 from .run import calibrate as calib
+from .run.apply import LineEdit
 from .run.config import GateConfig, load_config, merge
 from .run.gating import CHECK_FORMATS, gate_traces
 from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_profile, this_rank,
@@ -126,7 +127,7 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
               default=DEFAULT_TRANSFER_LOG,
               help="Keep the first N copies in order in the trace, for `explain --log`.")
 @click.option("--apply", "apply_path", metavar="SUGGESTIONS.json", default=None,
-              help="Apply the device_guard edits of `explain --format json` in memory "
+              help="Apply the edits of `explain --format json` in memory "
                    "(the file is not changed) and profile that.")
 @click.option("--chrome-trace", metavar="PATH", default=None,
               help="Also write the timeline (Chrome trace format, for Perfetto).")
@@ -190,8 +191,9 @@ def _profile_here(plan: ProfilePlan) -> int:
         sys.stderr.write(result.exit_message + "\n")
     sys.stderr.flush()
     for e in result.missed_edits:
-        _say(f"memcpy-doctor: --apply: not applied at {e.file}:{e.line} (only statements "
-             "of SCRIPT itself can be guarded)")
+        why = ("the line no longer reads as explain saw it" if isinstance(e, LineEdit)
+               else "only statements of SCRIPT itself can be guarded")
+        _say(f"memcpy-doctor: --apply: not applied at {e.file}:{e.line} ({why})")
     if not write_report_and_trace(plan, result.trace, _say):
         return EXIT_USAGE
     timeline = write_timeline(plan, result.trace)

@@ -13,7 +13,7 @@ from memcpy_doctor.analysis.compare import compare
 from memcpy_doctor.analysis.edits import guard_diff
 from memcpy_doctor.analysis.rules import suggest
 from memcpy_doctor.core.summary import summarize
-from memcpy_doctor.run.apply import ApplyError, GuardEdit, apply_edits, load_edits
+from memcpy_doctor.run.apply import ApplyError, GuardEdit, LineEdit, apply_edits, load_edits
 from memcpy_doctor.render.diff import render_diff
 from memcpy_doctor.render.explain import render_explain_json, render_explain_text
 from memcpy_doctor.core.trace import CopyRecord, Meta, OpRecord, OpRef, Site, Trace
@@ -132,7 +132,9 @@ def test_an_explicit_transfer_is_dropped_in_plain_pytorch(tmp_path):
     assert plain.rule == "host-round-trip"
     assert plain.title == "keep the data for aten::slice on the host: drop the `to` at prog.py:6"
     assert plain.saving_ns == 350_000  # no guard to pay for
-    assert plain.apply is None and plain.sites == [Site(str(path), 6, "step")]
+    assert plain.sites == [Site(str(path), 6, "step")]
+    assert plain.apply == {"kind": "line", "file": str(path), "line": 6,  # --apply makes it
+                           "old": "    shape = shape.to(device)", "new": "    shape = shape"}
     assert plain.diff == udiff("""\
         --- a/prog.py
         +++ b/prog.py
@@ -212,10 +214,22 @@ def test_load_edits_reads_explain_json_and_rejects_others(prog, tmp_path):
     assert load_edits(str(good)) == [GuardEdit(prog, 7, "cpu")]
     bad = tmp_path / "b.json"
     bad.write_text("[1, 2]")
-    with pytest.raises(ApplyError, match="no device_guard edit"):
+    with pytest.raises(ApplyError, match="no device_guard or line edit"):
         load_edits(str(bad))
     with pytest.raises(ApplyError, match="cannot read"):
         load_edits(str(tmp_path / "none.json"))
+
+
+def test_a_line_edit_is_made_only_where_the_line_still_reads_the_same(prog):
+    with open(prog, "rb") as f:
+        source = f.read()
+    edits = [LineEdit(prog, 6, "    shape = move(shape, device)", "    shape = shape"),
+             LineEdit(prog, 7, "    shape = shape[0:2]", "    shape = shape[0:1]")]
+    code, missed = apply_edits(source, prog, edits)
+    assert missed == edits[1:]  # line 7 reads shape[0:4]
+    step = next(c for c in code.co_consts if hasattr(c, "co_name") and c.co_name == "step")
+    assert "move" not in step.co_names  # the call is gone
+    assert {ln for _, _, ln in step.co_lines() if ln} == {4, 5, 6, 7, 8, 9, 10}
 
 
 def test_compare_shows_the_removed_paths(prog, tmp_path):

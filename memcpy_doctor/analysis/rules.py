@@ -86,7 +86,7 @@ class HostRoundTrip(Rule):
             removed = [s.copy for s in chain.steps]
             moved = _ops_at(trace, sites)
             upload = chain.steps[0].copy
-            plain = (_drop_transfer_diff(upload.site, cwd) if upload.trigger in ("to", "cuda")
+            plain = (_drop_transfer_change(upload.site, cwd) if upload.trigger in ("to", "cuda")
                      and upload.site is not None and is_user_file(upload.site.file) else None)
             if plain is not None:  # the program's own `.to(device)`, which a guard runs as
                 suggestion = self._plain(trace, chain, upload, removed, moved, plain, cwd)
@@ -97,7 +97,7 @@ class HostRoundTrip(Rule):
         return out
 
     def _plain(self, trace: Trace, chain: Chain, upload: CopyRecord,
-               removed: list[CopyRecord], moved: list[OpRecord], diff: str,
+               removed: list[CopyRecord], moved: list[OpRecord], change: LineChange,
                cwd: str | None) -> Suggestion:
         ops = ", ".join(sorted({m.op for m in chain.middle}))
         return Suggestion(
@@ -110,7 +110,7 @@ class HostRoundTrip(Rule):
                     "data on the device (plain PyTorch: nothing from memcpy-doctor at run time)"),
             sites=[upload.site], removes=removed,
             saving_ns=estimate_saving(trace, removed, moved) + guard_cost_ns(moved),
-            diff=diff)
+            diff=change[0], apply=change[1])
 
     def _suggest(self, trace: Trace, chain: Chain, sites: set[Site],
                  removed: list[CopyRecord], moved: list[OpRecord],
@@ -249,16 +249,23 @@ class PinnedNonBlocking(Rule):
         else:
             title = f"pin and copy with non_blocking=True at {format_site(c.site, cwd)}"
             how = "pin the source where it is made (pin_memory(), or DataLoader(pin_memory=True))"
+        change = _non_blocking_change(c.site, cwd)
         return Suggestion(rule=self.name, title=title, detail=f"{each}; {how}", sites=[c.site],
-                          removes=[c], saving_ns=saving, diff=_non_blocking_diff(c.site, cwd))
+                          removes=[c], saving_ns=saving, diff=change[0] if change else None,
+                          apply=change[1] if change else None)
 
 
 def _launch_ns(trace: Trace) -> int:
     return profile_of(trace).launch_ns
 
 
-def _line_diff(site: Site, cwd: str | None, edit: Callable[[str], str | None]) -> str | None:
-    """A unified diff that replaces the line of `site` with `edit(line)` (None: no edit)."""
+#: A one-line edit: its unified diff, and what `profile --apply` reads to make it (a line edit).
+LineChange = tuple[str, dict]
+
+
+def _line_change(site: Site, cwd: str | None,
+                 edit: Callable[[str], str | None]) -> LineChange | None:
+    """The edit that replaces the line of `site` with `edit(line)` (None: no edit)."""
     try:
         with open(site.file, encoding="utf-8") as f:
             old = f.read().splitlines(keepends=True)
@@ -269,10 +276,12 @@ def _line_diff(site: Site, cwd: str | None, edit: Callable[[str], str | None]) -
         return None
     new = list(old)
     new[site.line - 1] = new_line
-    return unified_diff(site.file, old, new, cwd)
+    return unified_diff(site.file, old, new, cwd), {
+        "kind": "line", "file": site.file, "line": site.line,
+        "old": old[site.line - 1].rstrip("\r\n"), "new": new_line.rstrip("\r\n")}
 
 
-def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:
+def _non_blocking_change(site: Site, cwd: str | None) -> LineChange | None:
     def add(m: re.Match) -> str:
         inner = m.group(2).strip()
         return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
@@ -283,7 +292,7 @@ def _non_blocking_diff(site: Site, cwd: str | None) -> str | None:
         new_line, n = _TRANSFER_CALL.subn(add, line, count=1)
         return new_line if n else None
 
-    return _line_diff(site, cwd, edit)
+    return _line_change(site, cwd, edit)
 
 
 #: `.to(x)` / `.cuda()` arguments that only name a device (no dtype, no copy=, no tensor).
@@ -292,7 +301,7 @@ _DEVICE_ONLY = re.compile(r"\s*((device\s*=\s*)?([\w.]+|['\"][\w:]+['\"]|torch\.
 _DTYPE_NAME = re.compile(r"^torch\.(?!device\b)|dtype|float|half|int|long|bool|double")
 
 
-def _drop_transfer_diff(site: Site, cwd: str | None) -> str | None:
+def _drop_transfer_change(site: Site, cwd: str | None) -> LineChange | None:
     """Drop the one `.to(device)` or `.cuda()` on the line of `site`: the data stays on the
     host, as under device_guard("cpu"), with nothing from memcpy-doctor at run time. None
     when the line has no such call, or more than one, or the call also converts."""
@@ -305,7 +314,7 @@ def _drop_transfer_diff(site: Site, cwd: str | None) -> str | None:
             return None
         return line[:calls[0].start()] + line[calls[0].end():]
 
-    return _line_diff(site, cwd, edit)
+    return _line_change(site, cwd, edit)
 
 
 #: A statement that branches on a value: `if`, `elif`, `while`, and a conditional expression.

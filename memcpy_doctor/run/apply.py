@@ -1,8 +1,10 @@
-"""`profile --apply`: run a script with suggested device_guard edits applied in memory.
+"""`profile --apply`: run a script with suggested edits applied in memory.
 
-The file on disk is never changed: its syntax tree is edited (the statement at each suggested
-line wrapped in `with memcpy_doctor.device_guard(DEVICE):`) and compiled with the original line
-numbers, so the re-profile reports the same lines as before.
+The file on disk is never changed. Two kinds of edit: a device_guard edit wraps the statement
+at a line in `with memcpy_doctor.device_guard(DEVICE):` (in the syntax tree); a line edit
+replaces one line's text with another (`non_blocking=True` added, a `.to(device)` dropped),
+only where the line still reads as it did. Either way the code is compiled with the original
+line numbers, so the re-profile reports the same lines as before.
 """
 
 from __future__ import annotations
@@ -27,9 +29,22 @@ class GuardEdit:
     device: str
 
 
-def load_edits(path: str) -> list[GuardEdit]:
-    """The device_guard edits in an `explain --format json` output (or a list of its
-    suggestions, or of their `apply` entries)."""
+@dataclass(frozen=True)
+class LineEdit:
+    """Line `line` of `file`, which reads `old`, to read `new` (each without its newline)."""
+
+    file: str
+    line: int
+    old: str
+    new: str
+
+
+Edit = GuardEdit | LineEdit
+
+
+def load_edits(path: str) -> list[Edit]:
+    """The edits in an `explain --format json` output (or a list of its suggestions, or of
+    their `apply` entries)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -41,6 +56,14 @@ def load_edits(path: str) -> list[GuardEdit]:
     edits = []
     for item in items:
         spec = item.get("apply", item) if isinstance(item, dict) else None
+        if isinstance(spec, dict) and spec.get("kind") == "line":
+            try:
+                edits.append(LineEdit(os.path.abspath(str(spec["file"])), int(spec["line"]),
+                                      str(spec["old"]), str(spec["new"])))
+            except (KeyError, TypeError, ValueError):
+                raise ApplyError(f"{path}: a line edit without file, line, old and new") \
+                    from None
+            continue
         if not isinstance(spec, dict) or spec.get("kind") != "device_guard":
             continue
         device = spec.get("device")
@@ -51,7 +74,7 @@ def load_edits(path: str) -> list[GuardEdit]:
             except (KeyError, TypeError, ValueError):
                 raise ApplyError(f"{path}: a device_guard edit without file and line") from None
     if not edits:
-        raise ApplyError(f"{path}: no device_guard edit to apply")
+        raise ApplyError(f"{path}: no device_guard or line edit to apply")
     return edits
 
 
@@ -84,9 +107,12 @@ class _Wrap(ast.NodeTransformer):
         return ast.copy_location(with_node, stmt)
 
 
-def apply_edits(source: bytes, path: str, edits: list[GuardEdit]) -> tuple[Any, list[GuardEdit]]:
+def apply_edits(source: bytes, path: str, edits: list[Edit]) -> tuple[Any, list[Edit]]:
     """The script's code with the edits for `path` applied, and the edits it could not apply
-    (another file, or no statement starting at that line)."""
+    (another file, no statement starting at that line, or a line that reads otherwise)."""
+    source, missed_lines = _replace_lines(source, path,
+                                          [e for e in edits if isinstance(e, LineEdit)])
+    edits = [e for e in edits if isinstance(e, GuardEdit)]
     tree = ast.parse(source, filename=path)
     starts: dict[GuardEdit, int] = {}
     for e in edits:
@@ -96,4 +122,24 @@ def apply_edits(source: bytes, path: str, edits: list[GuardEdit]) -> tuple[Any, 
     wrapper = _Wrap({start: e.device for e, start in starts.items()})
     tree = ast.fix_missing_locations(wrapper.visit(tree))
     missed = [e for e in edits if starts.get(e) not in wrapper.done]
-    return compile(tree, path, "exec", dont_inherit=True), missed
+    return compile(tree, path, "exec", dont_inherit=True), missed_lines + missed
+
+
+def _replace_lines(source: bytes, path: str,
+                   edits: list[LineEdit]) -> tuple[bytes, list[LineEdit]]:
+    """`source` with the line edits for `path` made, and those that could not be."""
+    if not edits:
+        return source, []
+    lines = source.decode("utf-8").splitlines(keepends=True)
+    missed = []
+    for e in edits:
+        if e.file != path or not 0 < e.line <= len(lines):
+            missed.append(e)
+            continue
+        text = lines[e.line - 1]
+        body = text.rstrip("\r\n")
+        if body != e.old:
+            missed.append(e)
+            continue
+        lines[e.line - 1] = e.new + text[len(body):]
+    return "".join(lines).encode("utf-8"), missed

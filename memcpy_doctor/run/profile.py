@@ -21,7 +21,7 @@ from ..core.trace import Trace
 from ..render.chrome import render_chrome
 from ..render.text import render_text
 from ..tracer import Tracer
-from .apply import ApplyError, GuardEdit, load_edits
+from .apply import ApplyError, Edit, load_edits
 from .config import GateConfig
 from .gating import check_formats, rank_baseline
 from .rankenv import RankError, RankInfo, path_for, rank_info
@@ -59,7 +59,7 @@ class ProfilePlan:
     out_path: str  # the same, absolute: taken before the script may change directory
     chrome_trace: str | None
     tracer: Tracer
-    edits: list[GuardEdit] | None
+    edits: list[Edit] | None
 
 
 def this_rank(ranks: int | None) -> RankInfo | None:

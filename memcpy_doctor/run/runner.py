@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 
-from .apply import GuardEdit, apply_edits
+from .apply import Edit, apply_edits
 from ..core.defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS,
                              SIGNAL_DEFER_MAX_S, SIGNAL_RETRY_S)
 from .rankenv import RankInfo
@@ -51,7 +51,7 @@ class RunResult:
     ended_by: str  # completed | exit | exception | interrupt | os._exit | SIGTERM | SIGHUP
     exception: BaseException | None = None  # to print, as Python would
     exit_message: str | None = None  # a non-integer sys.exit() argument, printed to stderr
-    missed_edits: list[GuardEdit] = field(default_factory=list)  # --apply edits not applied
+    missed_edits: list[Edit] = field(default_factory=list)  # --apply edits not applied
 
 
 def _exit_status(code: object) -> tuple[int, str | None]:
@@ -75,7 +75,7 @@ def _main_module(path: str) -> types.ModuleType:
 
 
 def run_script(script: str, args: list[str], tracer: Tracer,
-               edits: list[GuardEdit] | None = None,
+               edits: list[Edit] | None = None,
                on_hard_exit: Callable[[RunResult], None] | None = None,
                rank: RankInfo | None = None) -> RunResult:
     """Run `script` under `tracer`; the trace covers whatever ran, however it ended. `edits`
@@ -92,7 +92,7 @@ def run_script(script: str, args: list[str], tracer: Tracer,
     else:
         sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     status, ended_by, exc, message = 0, "completed", None, None
-    missed: list[GuardEdit] = []
+    missed: list[Edit] = []
     try:
         with io.open_code(path) as f:
             source = f.read()
