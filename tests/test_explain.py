@@ -16,7 +16,7 @@ from memcpy_doctor.core.summary import summarize
 from memcpy_doctor.run.apply import ApplyError, GuardEdit, LineEdit, apply_edits, load_edits
 from memcpy_doctor.render.diff import render_diff
 from memcpy_doctor.render.explain import render_explain_json, render_explain_text
-from memcpy_doctor.core.trace import CopyRecord, Meta, OpRecord, OpRef, Site, Trace
+from memcpy_doctor.core.trace import CopyRecord, FlowRecord, Meta, OpRecord, OpRef, Site, Trace
 
 SOURCE = textwrap.dedent("""\
     import torch
@@ -148,6 +148,19 @@ def test_an_explicit_transfer_is_dropped_in_plain_pytorch(tmp_path):
              sizes = shape.tolist()
              total = data.sum().item()
         """)
+
+
+def test_no_transfer_is_dropped_for_an_op_that_also_reads_device_data(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text(EXPLICIT_SOURCE)
+    trace = bounce_trace(str(path))
+    weight = OpRef("aten::randn", "cuda:0", Site(str(path), 2, "<module>"))
+    trace.flows = [FlowRecord(weight, OpRef("aten::slice", "cuda:0", Site(str(path), 7, "step")),
+                              10, 40)]  # the slice would mix devices with the .to dropped
+    found = suggest(trace, explain(trace), cwd=str(tmp_path))
+    # the guard moves every input of the slice; its saving, 350 us less the guard's 220 us
+    assert [(s.apply["kind"], s.saving_ns) for s in found if s.rule == "host-round-trip"] == [
+        ("device_guard", 130_000)]
 
 
 @pytest.mark.parametrize("line", ["x = y.to(device, torch.float16)", "x = y.to(torch.half)",

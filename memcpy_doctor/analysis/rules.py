@@ -87,7 +87,8 @@ class HostRoundTrip(Rule):
             moved = _ops_at(trace, sites)
             upload = chain.steps[0].copy
             plain = (_drop_transfer_change(upload.site, cwd) if upload.trigger in ("to", "cuda")
-                     and upload.site is not None and is_user_file(upload.site.file) else None)
+                     and upload.site is not None and is_user_file(upload.site.file)
+                     and not _reads_device_data(trace, chain) else None)
             if plain is not None:  # the program's own `.to(device)`, which a guard runs as
                 suggestion = self._plain(trace, chain, upload, removed, moved, plain, cwd)
             else:  # written: the plain edit is the only one that removes the copies
@@ -257,6 +258,15 @@ class PinnedNonBlocking(Rule):
 
 def _launch_ns(trace: Trace) -> int:
     return profile_of(trace).launch_ns
+
+
+def _reads_device_data(trace: Trace, chain: Chain) -> bool:
+    """Whether an op between the chain's copies also reads data made on the device: then
+    only a guard, which moves every input, keeps it on the host; dropping the one transfer
+    would mix devices."""
+    middle = {(m.op, m.site) for m in chain.middle}
+    return any((f.consumer.op, f.consumer.site) in middle and f.producer.device != "cpu"
+               for f in trace.flows)
 
 
 #: A one-line edit: its unified diff, and what `profile --apply` reads to make it (a line edit).
