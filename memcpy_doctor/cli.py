@@ -29,7 +29,7 @@ from .core.defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH
                             SORT_KEYS)
 from .core.trace import Trace
 from .core.units import parse_bytes
-from .render.explain import FORMATS as EXPLAIN_FORMATS, render_logs
+from .render.explain import FORMATS as EXPLAIN_FORMATS, render_explain, render_logs
 from .render.text import render_reports
 from .run import calibrate as calib
 from .run.apply import LineEdit
@@ -40,6 +40,7 @@ from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_prof
 from .run.ranks import diff_traces, explain_traces, profile_ranks
 from .run.runner import RunResult, format_exception
 from .run.traces import InputError, load_traces, write_text
+from .run.verify import verify
 
 
 class UsageProblem(click.UsageError):
@@ -233,7 +234,15 @@ def report(traces: tuple[str, ...], sort: str) -> None:
               help="Print every logged transfer in order (profile with --log-transfers N).")
 @click.option("--device-memory", metavar="SIZE", default=None,
               help="Device memory budget for the placement, e.g. 4GiB.")
-def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | None) -> None:
+@click.option("--verify", "verify_script", metavar="SCRIPT", default=None,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Profile SCRIPT (the arguments after it are its own; put -- before those "
+                   "that start with -), then re-run it with each suggestion applied, one at "
+                   "a time, and mark each verified or not; drop those that made it worse.")
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default=DEFAULT_DEVICE,
+              show_default=True, help="With --verify: the device its runs use.")
+def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | None,
+            verify_script: str | None, device: str) -> None:
     """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
     last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
     them, largest saving first. Runs nothing and needs no GPU.
@@ -242,8 +251,13 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
     give a table per rank and merged, flag the ranks whose sync copies differ, and explain
     each group of ranks with the same copies once."""
     with _usage_errors():
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,))
         cwd = os.getcwd()
+        if verify_script is not None:
+            checked = verify(verify_script, list(traces), device, cwd)
+            click.echo(render_explain(checked.explanation, checked.kept, fmt, cwd,
+                                      checked.dropped), nl=False)
+            return
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,))
         if log:
             click.echo(render_logs(loaded, names, cwd), nl=False)
             return

@@ -21,3 +21,6 @@ class Suggestion:
     diff: str | None = None
     apply: dict[str, Any] | None = None  # what `profile --apply` reads
     exact: bool = True  # False where the estimate rests on a heuristic
+    #: what re-running the program with this edit measured (`explain --verify`; a
+    #: run/verify.Verified), None when it was not re-run
+    verified: Any = None

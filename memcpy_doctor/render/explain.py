@@ -60,6 +60,8 @@ def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
              f"path{'s' if len(s.removes) != 1 else ''}, {calls} calls)"
              f"{'' if s.exact else ' [heuristic]'}",
              f"   {s.detail}"]
+    if s.verified is not None:
+        lines.append(f"   {_verified(s.verified)}")
     if s.diff:
         lines += ["", *("   " + ln for ln in s.diff.rstrip("\n").splitlines()), ""]
     return lines
@@ -78,6 +80,21 @@ def _setup_lines(chains: list[Chain], cwd: str | None) -> list[str]:
         out.append(f"    {calls} cop{'y' if calls == 1 else 'ies'} ({kinds}), "
                    f"{_ms(sum(c.time_ns for c in copies))}, at {format_site(site, cwd)}")
     return out
+
+
+def _verified(v: Any) -> str:
+    (calls_b, calls_a), (total_b, total_a) = v.sync_calls, v.total_ns
+    return (f"{v.verdict} by a re-run with the edit: sync calls {calls_b} -> {calls_a}, "
+            f"total {_ms(total_b)} -> {_ms(total_a)}")
+
+
+def render_dropped(dropped: list[Suggestion], cwd: str | None) -> str:
+    """The suggestions `explain --verify` dropped, after the rest."""
+    if not dropped:
+        return ""
+    lines = ["", "Dropped: a re-run with the edit made things worse"]
+    lines += [f"- {s.title}: {_verified(s.verified)}" for s in dropped]
+    return "\n".join(lines) + "\n"
 
 
 def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
@@ -122,10 +139,13 @@ def suggestion_dict(s: Suggestion) -> dict[str, Any]:
             "exact": s.exact, "removes": [{"direction": c.direction, "trigger": c.trigger,
                                            "site": _site_dict(c.site), "calls": c.calls}
                                           for c in s.removes],
-            "diff": s.diff, "apply": s.apply}
+            "diff": s.diff, "apply": s.apply, "verify": None if s.verified is None else {
+                "verdict": s.verified.verdict, "sync_calls": list(s.verified.sync_calls),
+                "total_ns": list(s.verified.total_ns)}}
 
 
-def render_explain_json(exp: Explanation, suggestions: list[Suggestion]) -> str:
+def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
+                        dropped: list[Suggestion] | None = None) -> str:
     data = {
         "total_ns": exp.total_ns, "simulated": exp.simulated, "device_name": exp.device_name,
         "sync_calls": exp.sync_calls, "sync_time_ns": exp.sync_time_ns,
@@ -143,6 +163,8 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion]) -> str:
             "consumer": _end_dict(ch.consumer)} for ch in exp.chains],
         "suggestions": [suggestion_dict(s) for s in suggestions],
     }
+    if dropped is not None:  # (explain --verify)
+        data["dropped"] = [suggestion_dict(s) for s in dropped]
     return json.dumps(data, indent=1) + "\n"
 
 
@@ -195,14 +217,15 @@ def render_log(trace: Trace, cwd: str | None = None) -> str:
 
 
 def render_explain(exp: Explanation, suggestions: list[Suggestion], fmt: str,
-                   cwd: str | None = None) -> str:
+                   cwd: str | None = None, dropped: list[Suggestion] | None = None) -> str:
     """The explanation and its suggestions in `fmt`, one of FORMATS; the one entry point for
-    callers that let the user choose the format."""
+    callers that let the user choose the format. `dropped`: what `explain --verify` took
+    out."""
     if fmt == "json":
-        return render_explain_json(exp, suggestions)
+        return render_explain_json(exp, suggestions, dropped)
     if fmt == "markdown":
-        return render_explain_markdown(exp, suggestions, cwd)
-    return render_explain_text(exp, suggestions, cwd)
+        return render_explain_markdown(exp, suggestions, cwd) + render_dropped(dropped or [], cwd)
+    return render_explain_text(exp, suggestions, cwd) + render_dropped(dropped or [], cwd)
 
 
 def render_logs(traces: list[Trace], names: list[str], cwd: str | None = None) -> str:
