@@ -130,3 +130,13 @@ def test_a_copy_deep_in_a_library_still_names_the_users_line(tmp_path, monkeypat
     assert c.site.file == str(lib_dir / "deeplib.py")
     assert len(c.stack) == MAX_STACK_FRAMES + 1
     assert user_site(c) == Site(__file__, line, user_site(c).function)
+
+
+def test_no_diff_where_the_line_has_two_transfers(tmp_path):
+    train, _ = _files(tmp_path)
+    (tmp_path / "train.py").write_text(TRAIN.replace('batch = batch.to("cuda")',
+                                                     'a, b = x.to("cuda"), y.to("cuda")'))
+    at = Site(train, 8, "<module>")
+    trace = _trace([_copy("HtoD", "to", at, [at])])
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.rule == "pinned-non-blocking" and s.diff is None and s.apply is None

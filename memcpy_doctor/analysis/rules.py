@@ -297,10 +297,11 @@ def _non_blocking_change(site: Site, cwd: str | None) -> LineChange | None:
         return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
 
     def edit(line: str) -> str | None:
-        if "non_blocking" in line:
+        # one transfer on the line, or which made the copy is not known (the site has no
+        # column), and the edit could land on the wrong call
+        if "non_blocking" in line or len(_TRANSFER_CALL.findall(line)) != 1:
             return None
-        new_line, n = _TRANSFER_CALL.subn(add, line, count=1)
-        return new_line if n else None
+        return _TRANSFER_CALL.sub(add, line, count=1)
 
     return _line_change(site, cwd, edit)
 
@@ -452,11 +453,12 @@ class DataDependentShape(Rule):
 
 def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
             device_memory_bytes: int | None = None) -> list[Suggestion]:
-    """Every rule's suggestions, those for copies made every step first, each group largest
-    estimated saving first; one per distinct edit (the
-    copy paths one edit removes merged into it) and none that saves nothing; a copy is claimed
-    by the first (most specific) rule that removes it. The placement (a minimum cut over the op graph)
-    comes first under a device memory budget, last otherwise."""
+    """Every rule's suggestions: those for copies made every step first, edits of the user's
+    own code before a library's settings, each group largest estimated saving first; one per
+    distinct edit (the copy paths one edit removes merged into it) and none that saves
+    nothing. A copy is claimed by the first (most specific) rule that removes it. The
+    placement (a minimum cut over the op graph) comes first under a device memory budget,
+    last otherwise."""
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
     batches += [rule().match(trace, explanation, cwd) for rule in RULES]
@@ -484,6 +486,9 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
         if id(s) in merged:
             s.detail += (f" (the figures of one copy path; this edit removes "
                          f"{len(s.removes)} paths, {sum(c.calls for c in s.removes)} calls)")
-    total = trace.summary.total_ns  # what repeats every step first, then setup
-    found.sort(key=lambda s: (not any(per_step(c, total) for c in s.removes), -s.saving_ns))
+    total = trace.summary.total_ns  # what repeats every step first, then setup; in each,
+    found.sort(key=lambda s: (  # what the user's own code does before what a library does
+        not any(per_step(c, total) for c in s.removes),
+        not all(is_user_file(x.file) for x in s.sites) or s.rule == "library-setting",
+        -s.saving_ns))
     return found
