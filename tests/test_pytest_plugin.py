@@ -11,9 +11,14 @@ import textwrap
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (see below)
 from click.testing import CliRunner
 
 from memcpy_doctor import pytest_plugin  # imported once here, not anew by each pytester run
+# torch._dynamo, which the tracer's first start imports, registers an operator library once
+# per process; pytester's in-process runs drop modules imported inside them, and a second
+# import then fails ("Only a single TORCH_LIBRARY ..."). Imported here, it outlives the runs
+# (the file passed only after another test module had imported it).
 from memcpy_doctor.analysis.gates import METRICS
 from memcpy_doctor.tracer import active_tracer
 
