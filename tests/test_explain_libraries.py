@@ -12,11 +12,14 @@ import torch
 
 import memcpy_doctor
 from memcpy_doctor.analysis.attribution import explain, user_site
+from memcpy_doctor.analysis.gates import check
 from memcpy_doctor.analysis.rules import suggest
 from memcpy_doctor.core.defaults import MAX_STACK_FRAMES
 from memcpy_doctor.core.summary import summarize
 from memcpy_doctor.core.trace import CopyRecord, Meta, OpRef, Site, Trace
+from memcpy_doctor.render.check import finding_message
 from memcpy_doctor.render.explain import render_explain_text
+from memcpy_doctor.render.github import finding_location
 
 TRAIN = textwrap.dedent("""\
     import torch
@@ -140,3 +143,13 @@ def test_no_diff_where_the_line_has_two_transfers(tmp_path):
     trace = _trace([_copy("HtoD", "to", at, [at])])
     (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
     assert s.rule == "pinned-non-blocking" and s.diff is None and s.apply is None
+
+
+def test_a_gate_names_the_users_line_for_a_copy_inside_a_library(tmp_path):
+    train, lib = _files(tmp_path)
+    in_lib, call = Site(lib, 2, "move"), Site(train, 5, "<module>")
+    trace = _trace([_copy("HtoD", "to", in_lib, [in_lib, call])])
+    result = check(trace, {"sync_calls": 0})
+    (finding,) = result.findings
+    assert finding_location(finding, str(tmp_path)) == ("train.py", 5)  # the annotation's line
+    assert finding_message(finding, str(tmp_path)).endswith("; from your code at train.py:5")

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.trace import CopyRecord, Trace
+from ..core.trace import CopyRecord, Site, Trace
 from ..core.units import format_value, parse_bytes
 
 
@@ -131,11 +131,14 @@ def parse_tolerance(text: str) -> tuple[str | None, float]:
 
 def site_key(c: CopyRecord, root: str) -> str:
     """A copy's site as the user names it: path relative to `root` (when under it), :line."""
-    if c.site is None:
-        return "?"
-    path = c.site.file
+    return "?" if c.site is None else site_name(c.site, root)
+
+
+def site_name(site: Site, root: str) -> str:
+    """A site as the user names it: path relative to `root` (when under it), :line."""
+    path = site.file
     rel = os.path.relpath(path, root) if path.startswith(root.rstrip(os.sep) + os.sep) else path
-    return f"{rel.replace(os.sep, '/')}:{c.site.line}"
+    return f"{rel.replace(os.sep, '/')}:{site.line}"
 
 
 def allowed(c: CopyRecord, patterns: list[str], root: str) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..analysis.attribution import user_site
 from ..analysis.gates import CheckResult, PathFinding
+from ..core.paths import format_site
 from ..core.units import format_value
 from .text import format_ref
 
@@ -19,9 +21,13 @@ def _finding_line(f: PathFinding, cwd: str | None) -> str:
 
 
 def finding_message(f: PathFinding, cwd: str | None = None) -> str:
-    """One line naming the copy path, its change and producer -> consumer (used by every
-    format, and by the pytest plugin)."""
-    return _finding_line(f, cwd)
+    """One line naming the copy path, its change and producer -> consumer, and for a copy
+    made inside a library the user's line that led there (used by every format, and by the
+    pytest plugin)."""
+    mine = user_site(f.copy)
+    if mine is None or mine is f.copy.site:
+        return _finding_line(f, cwd)
+    return f"{_finding_line(f, cwd)}; from your code at {format_site(mine, cwd)}"
 
 
 def render_check_text(result: CheckResult, cwd: str | None = None) -> str:

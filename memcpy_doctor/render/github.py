@@ -13,7 +13,8 @@ because they are the ones that land on the diff.
 
 from __future__ import annotations
 
-from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding, site_key
+from ..analysis.attribution import user_site
+from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding, site_name
 from ..core.units import format_value
 from .check import finding_message, summary_line
 
@@ -31,12 +32,14 @@ def escape_property(text: str) -> str:
 
 
 def finding_location(f: PathFinding, root: str) -> tuple[str, int] | None:
-    """(path, line) of a finding's copy site: relative to `root` with forward slashes when it
-    lies under it, else absolute; None without a site or for a pseudo-file ("<string>")."""
-    site = f.copy.site
+    """(path, line) of a finding's copy in the user's own code (its site, or for a copy
+    made inside a library the user's line that led there): relative to `root` with forward
+    slashes when it lies under it, else absolute; None without a site or for a pseudo-file
+    ("<string>")."""
+    site = user_site(f.copy) or f.copy.site
     if site is None or site.file.startswith("<"):
         return None
-    return site_key(f.copy, root).rsplit(":", 1)[0], site.line
+    return site_name(site, root).rsplit(":", 1)[0], site.line
 
 
 def gate_message(g: GateResult) -> str:
