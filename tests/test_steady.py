@@ -4,6 +4,8 @@ traces with round numbers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.rules import suggest
 from memcpy_doctor.analysis.steady import per_step, split_sync
@@ -74,7 +76,21 @@ def test_a_library_setting_is_advised_at_the_users_call(tmp_path):
     trace.copies = [_copy("item", 20, 2_000_000, 9_000_000, lib, stack=[lib, step])]
     (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
     assert s.rule == "library-setting" and s.sites == [step] and s.diff is None
-    assert s.title == "change Lightning's setting (the copy every step under train.py:20)"
+    assert s.title == ("change Lightning's setting for its reads to the host every step "
+                       "(under train.py:20)")
     assert "Trainer(log_every_n_steps=...)" in s.detail and s.saving_ns == 200_000
     trace.copies[0].last_ns = 2_500_000  # not every step: no advice
     assert suggest(trace, explain(trace), cwd=str(tmp_path)) == []
+
+
+def test_the_hf_trainers_pinned_batches_get_its_own_setting(tmp_path):
+    trace, _, step = _trace(tmp_path)
+    site = "/env/lib/python3.11/site-packages/"
+    moved = Site(site + "accelerate/utils/operations.py", 158, "send_to_device")
+    loop = Site(site + "transformers/trainer.py", 2500, "_inner_training_loop")
+    copy = _copy("to", 20, 2_000_000, 9_000_000, moved, "HtoD", [moved, loop, step])
+    trace.copies = [dataclasses.replace(copy, pinned=True)]
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.title == ("change the HF Trainer's setting for its copies to the device every "
+                       "step (under train.py:20)")
+    assert 'TrainingArguments(accelerator_config={"non_blocking": True})' in s.detail

@@ -147,6 +147,9 @@ LIBRARY_SETTINGS = (
     ("transformers/trainer.py", "DtoH", ("bool", "item"), None, "the HF Trainer",
      "it checks every step's loss for nan/inf (`TrainingArguments(logging_nan_inf_filter="
      "False)` turns that off) and reads the loss every `logging_steps`"),
+    ("transformers/trainer.py", "HtoD", ("to",), True, "the HF Trainer",
+     "its batches are pinned (`dataloader_pin_memory`) but copied without non_blocking: "
+     "`TrainingArguments(accelerator_config={\"non_blocking\": True})`"),
     ("accelerate/", "HtoD", ("to",), True, "accelerate",
      "the batches are pinned but copied without non_blocking: "
      "`Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))`"),
@@ -181,8 +184,10 @@ class LibrarySetting(Rule):
                 continue
             library, advice = found
             out.append(Suggestion(
-                rule=self.name, title=f"change {library}'s setting (the copy every step under "
-                                      f"{format_site(user, cwd)})",
+                rule=self.name,  # (the title tells one setting from another: see suggest)
+                title=f"change {library}'s setting for its "
+                      f"{'reads to the host' if c.direction == 'DtoH' else 'copies to the device'}"
+                      f" every step (under {format_site(user, cwd)})",
                 detail=f"{c.calls} {c.direction} `{c.trigger}` copies inside {library}; {advice}",
                 sites=[user], removes=[c], saving_ns=c.host_ns, exact=False))
         return out
