@@ -94,3 +94,12 @@ def test_the_hf_trainers_pinned_batches_get_its_own_setting(tmp_path):
     assert s.title == ("change the HF Trainer's setting for its copies to the device every "
                        "step (under train.py:20)")
     assert 'TrainingArguments(accelerator_config={"non_blocking": True})' in s.detail
+
+
+def test_without_device_ops_of_its_own_the_steps_come_from_every_copy_made_each_step(tmp_path):
+    trace, _, step = _trace(tmp_path)
+    trace.ops = []  # a Trainer runs the model: no device op at the user's lines
+    batch = dataclasses.replace(_copy("to", 16, 1_000_000, 9_000_000, step, "HtoD"), sync=False)
+    logged = _copy("item", 4, 2_000_000, 9_000_000, step)  # the loss, every 4th step
+    trace.copies = [batch, batch, logged]
+    assert split_sync(trace).steps == 16

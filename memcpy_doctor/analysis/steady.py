@@ -9,8 +9,9 @@ path as per step.
 
 The number of steps is estimated from the ops the user's own code runs on the device: the
 commonest call count among them (a loop body's ops run once a step; a layer used twice, twice),
-the smaller of equally common ones. Where the user's code runs no device op itself, the
-per-step sync paths' commonest call count stands in.
+the smaller of equally common ones. Where the user's code runs no device op itself (a
+Trainer runs the model), the commonest call count of the copy paths made every step, sync or
+not, stands in.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ def estimate_steps(trace: Trace) -> int | None:
     counts = Counter(o.calls for o in trace.ops
                      if o.calls > 1 and o.device != "cpu" and o.site is not None
                      and is_user_file(o.site.file))
-    if not counts:
-        counts = Counter(c.calls for c in trace.copies
-                         if c.sync and per_step(c, trace.summary.total_ns))
+    if not counts:  # (asynchronous copies too: a batch uploaded every step counts)
+        counts = Counter(c.calls for c in trace.copies if per_step(c, trace.summary.total_ns))
     return min(counts, key=lambda n: (-counts[n], n)) if counts else None
