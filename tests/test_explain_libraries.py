@@ -153,3 +153,25 @@ def test_a_gate_names_the_users_line_for_a_copy_inside_a_library(tmp_path):
     (finding,) = result.findings
     assert finding_location(finding, str(tmp_path)) == ("train.py", 5)  # the annotation's line
     assert finding_message(finding, str(tmp_path)).endswith("; from your code at train.py:5")
+
+
+def test_the_diff_edits_the_call_that_made_the_copy(tmp_path):
+    """Two transfers on one line: the trace keeps where the copying call ends, and the diff
+    edits that call, not the first one on the line."""
+    src = tmp_path / "two.py"
+    src.write_text(textwrap.dedent("""\
+        import torch
+        for _ in range(4):
+            y = torch.ones(2).to("cuda", non_blocking=True)[:1] + torch.ones(1).to("cuda")
+        print(y.sum().item())
+    """))
+    code = compile(src.read_text(), str(src), "exec")
+    with memcpy_doctor.profiler(device="sim") as prof:
+        exec(code, {"__name__": "two"})
+    line = src.read_text().splitlines()[2]
+    (sync,) = [c for c in prof.trace.copies if c.direction == "HtoD" and c.sync]
+    assert sync.end_col == len(line)  # `.to("cuda")` ends the line
+    (s,) = [s for s in suggest(prof.trace, explain(prof.trace), cwd=str(tmp_path))
+            if s.rule == "pinned-non-blocking"]
+    assert s.apply["new"] == line.replace('torch.ones(1).to("cuda")',
+                                          'torch.ones(1).to("cuda", non_blocking=True)')

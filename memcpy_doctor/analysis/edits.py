@@ -1,5 +1,7 @@
-"""Source edits as unified diffs: wrap a statement in `memcpy_doctor.device_guard(...)`, and
-what such a guard costs at run time.
+"""Source edits as unified diffs: wrap a statement in `memcpy_doctor.device_guard(...)` (and
+what such a guard costs at run time), or change one transfer call on a line (add
+`non_blocking=True`, drop a `.to(device)`), the call told apart from others on the line by
+where the trace says it ends.
 
 Reads the user's file (never writes it); the statement that holds the line is found with `ast`,
 so a statement spread over several lines is wrapped whole.
@@ -9,12 +11,13 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..core.defaults import GUARD_BLOCK_NS, GUARD_CALL_NS
 from ..core.paths import diff_path
-from ..core.trace import OpRecord
+from ..core.trace import OpRecord, Site
 
 GUARD_IMPORT = "import memcpy_doctor"
 
@@ -87,3 +90,75 @@ def _import_position(tree: ast.Module) -> int:
               and isinstance(node.value.value, str)):
             at = node.end_lineno or node.lineno
     return at
+
+
+_TRANSFER_CALL = re.compile(r"\.(to|cuda)\(([^()]*)\)")
+
+
+#: A one-line edit: its unified diff, and what `profile --apply` reads to make it (a line edit).
+LineChange = tuple[str, dict]
+
+
+def _line_change(site: Site, cwd: str | None,
+                 edit: Callable[[str], str | None]) -> LineChange | None:
+    """The edit that replaces the line of `site` with `edit(line)` (None: no edit)."""
+    try:
+        with open(site.file, encoding="utf-8") as f:
+            old = f.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+    new_line = edit(old[site.line - 1]) if site.line <= len(old) else None
+    if new_line is None:
+        return None
+    new = list(old)
+    new[site.line - 1] = new_line
+    return unified_diff(site.file, old, new, cwd), {
+        "kind": "line", "file": site.file, "line": site.line,
+        "old": old[site.line - 1].rstrip("\r\n"), "new": new_line.rstrip("\r\n")}
+
+
+def _the_call(line: str, end_col: int | None) -> re.Match | None:
+    """The one transfer call on `line` that made a copy: the one ending at `end_col` when the
+    trace knows it, else the only one on the line (none when there are several)."""
+    calls = list(_TRANSFER_CALL.finditer(line))
+    if end_col is not None:
+        calls = [m for m in calls if m.end() == end_col]
+    return calls[0] if len(calls) == 1 else None
+
+
+def non_blocking_change(site: Site, cwd: str | None,
+                         end_col: int | None = None) -> LineChange | None:
+    def add(m: re.Match) -> str:
+        inner = m.group(2).strip()
+        return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
+
+    def edit(line: str) -> str | None:
+        call = _the_call(line, end_col)  # (never another call on the same line)
+        if call is None or "non_blocking" in call.group(0):
+            return None
+        return line[:call.start()] + add(call) + line[call.end():]
+
+    return _line_change(site, cwd, edit)
+
+
+#: `.to(x)` / `.cuda()` arguments that only name a device (no dtype, no copy=, no tensor).
+_DEVICE_ONLY = re.compile(r"\s*((device\s*=\s*)?([\w.]+|['\"][\w:]+['\"]|torch\.device\([^()]*\))"
+                          r"\s*(,\s*non_blocking\s*=\s*\w+)?)?\s*")
+_DTYPE_NAME = re.compile(r"^torch\.(?!device\b)|dtype|float|half|int|long|bool|double")
+
+
+def drop_transfer_change(site: Site, cwd: str | None,
+                          end_col: int | None = None) -> LineChange | None:
+    """Drop the one `.to(device)` or `.cuda()` on the line of `site`: the data stays on the
+    host, as under device_guard("cpu"), with nothing from memcpy-doctor at run time. None
+    when the line has no such call, or more than one, or the call also converts."""
+    def edit(line: str) -> str | None:
+        call = _the_call(line, end_col)
+        if call is None:
+            return None
+        inner = call.group(2)
+        if not _DEVICE_ONLY.fullmatch(inner) or _DTYPE_NAME.search(inner):
+            return None
+        return line[:call.start()] + line[call.end():]
+
+    return _line_change(site, cwd, edit)

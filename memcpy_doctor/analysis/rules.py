@@ -14,13 +14,14 @@ from __future__ import annotations
 import abc
 import os
 import re
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from ..core.trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation, read_line, user_site
 from ..core.costmodel import profile_of
 from ..core.paths import format_site, is_user_file
-from .edits import guard_cost_ns, guard_diff, unified_diff
+from .edits import (LineChange, drop_transfer_change, guard_cost_ns, guard_diff,
+                    non_blocking_change)
 from .placement_graph import placement_suggestions
 from .steady import per_step
 from .suggestion import Suggestion
@@ -86,7 +87,8 @@ class HostRoundTrip(Rule):
             removed = [s.copy for s in chain.steps]
             moved = _ops_at(trace, sites)
             upload = chain.steps[0].copy
-            plain = (_drop_transfer_change(upload.site, cwd) if upload.trigger in ("to", "cuda")
+            plain = (drop_transfer_change(upload.site, cwd, upload.end_col)
+                     if upload.trigger in ("to", "cuda")
                      and upload.site is not None and is_user_file(upload.site.file)
                      and not _reads_device_data(trace, chain) else None)
             if plain is not None:  # the program's own `.to(device)`, which a guard runs as
@@ -203,9 +205,6 @@ class LibrarySetting(Rule):
         return None
 
 
-_TRANSFER_CALL = re.compile(r"\.(to|cuda)\(([^()]*)\)")
-
-
 @register
 class PinnedNonBlocking(Rule):
     """A host->device copy from pageable memory that the host waits for.
@@ -255,7 +254,7 @@ class PinnedNonBlocking(Rule):
         else:
             title = f"pin and copy with non_blocking=True at {format_site(c.site, cwd)}"
             how = "pin the source where it is made (pin_memory(), or DataLoader(pin_memory=True))"
-        change = _non_blocking_change(c.site, cwd)
+        change = non_blocking_change(c.site, cwd, c.end_col)
         return Suggestion(rule=self.name, title=title, detail=f"{each}; {how}", sites=[c.site],
                           removes=[c], saving_ns=saving, diff=change[0] if change else None,
                           apply=change[1] if change else None)
@@ -272,65 +271,6 @@ def _reads_device_data(trace: Trace, chain: Chain) -> bool:
     middle = {(m.op, m.site) for m in chain.middle}
     return any((f.consumer.op, f.consumer.site) in middle and f.producer.device != "cpu"
                for f in trace.flows)
-
-
-#: A one-line edit: its unified diff, and what `profile --apply` reads to make it (a line edit).
-LineChange = tuple[str, dict]
-
-
-def _line_change(site: Site, cwd: str | None,
-                 edit: Callable[[str], str | None]) -> LineChange | None:
-    """The edit that replaces the line of `site` with `edit(line)` (None: no edit)."""
-    try:
-        with open(site.file, encoding="utf-8") as f:
-            old = f.read().splitlines(keepends=True)
-    except (OSError, UnicodeDecodeError):
-        return None
-    new_line = edit(old[site.line - 1]) if site.line <= len(old) else None
-    if new_line is None:
-        return None
-    new = list(old)
-    new[site.line - 1] = new_line
-    return unified_diff(site.file, old, new, cwd), {
-        "kind": "line", "file": site.file, "line": site.line,
-        "old": old[site.line - 1].rstrip("\r\n"), "new": new_line.rstrip("\r\n")}
-
-
-def _non_blocking_change(site: Site, cwd: str | None) -> LineChange | None:
-    def add(m: re.Match) -> str:
-        inner = m.group(2).strip()
-        return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
-
-    def edit(line: str) -> str | None:
-        # one transfer on the line, or which made the copy is not known (the site has no
-        # column), and the edit could land on the wrong call
-        if "non_blocking" in line or len(_TRANSFER_CALL.findall(line)) != 1:
-            return None
-        return _TRANSFER_CALL.sub(add, line, count=1)
-
-    return _line_change(site, cwd, edit)
-
-
-#: `.to(x)` / `.cuda()` arguments that only name a device (no dtype, no copy=, no tensor).
-_DEVICE_ONLY = re.compile(r"\s*((device\s*=\s*)?([\w.]+|['\"][\w:]+['\"]|torch\.device\([^()]*\))"
-                          r"\s*(,\s*non_blocking\s*=\s*\w+)?)?\s*")
-_DTYPE_NAME = re.compile(r"^torch\.(?!device\b)|dtype|float|half|int|long|bool|double")
-
-
-def _drop_transfer_change(site: Site, cwd: str | None) -> LineChange | None:
-    """Drop the one `.to(device)` or `.cuda()` on the line of `site`: the data stays on the
-    host, as under device_guard("cpu"), with nothing from memcpy-doctor at run time. None
-    when the line has no such call, or more than one, or the call also converts."""
-    def edit(line: str) -> str | None:
-        calls = list(_TRANSFER_CALL.finditer(line))
-        if len(calls) != 1:
-            return None
-        inner = calls[0].group(2)
-        if not _DEVICE_ONLY.fullmatch(inner) or _DTYPE_NAME.search(inner):
-            return None
-        return line[:calls[0].start()] + line[calls[0].end():]
-
-    return _line_change(site, cwd, edit)
 
 
 #: A statement that branches on a value: `if`, `elif`, `while`, and a conditional expression.

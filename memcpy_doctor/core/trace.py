@@ -174,6 +174,9 @@ class CopyRecord:
     #: simulated GPU's modeled clock; wall time on a real GPU); None in older traces
     first_ns: int | None = None
     last_ns: int | None = None
+    #: where, on its site's line, the call that made its first copy ends (tells two calls on
+    #: one line apart); None when not known
+    end_col: int | None = None
 
     @property
     def time_ns(self) -> int:
@@ -464,7 +467,8 @@ def _copy(d: Any) -> CopyRecord:
         producer=_ref(d["producer"]), consumer=_ref(d["consumer"]),
         shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
         dtype=None if dtype is None else _str(dtype), thread=_thread(d),
-        first_ns=_optional_int(d, "first_ns"), last_ns=_optional_int(d, "last_ns"))
+        first_ns=_optional_int(d, "first_ns"), last_ns=_optional_int(d, "last_ns"),
+        end_col=_optional_int(d, "end_col"))
 
 
 def _optional_int(d: dict[str, Any], key: str) -> int | None:

@@ -130,11 +130,12 @@ class OpAgg:
 
 class CopyAgg:
     __slots__ = ("calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype",
-                 "first_ns", "last_ns")
+                 "first_ns", "last_ns", "end_col")
 
     def __init__(self, stack: list[Site], shape: list[int] | None, dtype: str | None,
-                 at_ns: int) -> None:
+                 at_ns: int, end_col: int | None) -> None:
         self.first_ns = self.last_ns = at_ns  # when its first and last calls were made
+        self.end_col = end_col  # where the call that made it ends on its site's line
         self.calls = 0
         self.bytes = 0
         self.host_ns = 0
@@ -148,12 +149,13 @@ class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
     __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
-                 "event", "holders", "logged", "chrome_event", "at_ns")
+                 "event", "holders", "logged", "chrome_event", "at_ns", "end_col")
 
     def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
-                 event: EventAgg, at_ns: int) -> None:
+                 event: EventAgg, at_ns: int, end_col: int | None = None) -> None:
         self.at_ns = at_ns  # when it was made (the host's clock from the run's start)
+        self.end_col = end_col
         self.key = key
         self.nbytes = nbytes
         self.host_ns = host_ns
@@ -262,7 +264,8 @@ class Collector:
              nbytes: int, host_ns: int, device_ns: int, site: Site | None,
              stack: list[Site], producer: OpRef | None, dst: torch.Tensor | None,
              shape: list[int] | None = None, dtype: str | None = None,
-             thread: str | None = None, at_ns: int = 0) -> PendingCopy:
+             thread: str | None = None, at_ns: int = 0,
+             end_col: int | None = None) -> PendingCopy:
         """Record one copy (made in `thread`, None for the tracing thread, at `at_ns` on the
         host's clock). With `dst`, it waits for the first op that reads dst."""
         if self.listeners:
@@ -276,7 +279,7 @@ class Collector:
         event.add(host_ns, device_ns)
         key = (direction, sync, pinned, trigger, site, producer, thread)
         pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event,
-                              at_ns)
+                              at_ns, end_col)
         if self.chrome is not None:
             pending.chrome_event = self.chrome.add(
                 "memcpy", copy_event_name(direction, sync), host_ns, device_ns,
@@ -349,7 +352,7 @@ class Collector:
         key = p.key + (consumer,)
         agg = self.copies.get(key)
         if agg is None:
-            agg = self.copies[key] = CopyAgg(p.stack, p.shape, p.dtype, p.at_ns)
+            agg = self.copies[key] = CopyAgg(p.stack, p.shape, p.dtype, p.at_ns, p.end_col)
         agg.last_ns = p.at_ns
         agg.calls += 1
         agg.bytes += p.nbytes
@@ -414,7 +417,8 @@ class Collector:
                 self.copies.items():
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,
-                                  a.shape, a.dtype, thread, a.first_ns, a.last_ns))
+                                  a.shape, a.dtype, thread, a.first_ns, a.last_ns,
+                                  a.end_col))
         return out
 
     def wait_records(self) -> list[WaitRecord]:

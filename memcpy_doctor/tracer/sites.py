@@ -47,13 +47,14 @@ class SiteResolver:
     running are the thread's own.
     """
 
-    __slots__ = ("codes", "_kept", "_interned", "_stacks", "calls")
+    __slots__ = ("codes", "_kept", "_interned", "_stacks", "_ends", "calls")
 
     def __init__(self) -> None:
         self.codes: dict[int, Any] = {}
         self._kept: list[CodeType] = []  # keeps each cached code object's id unique
         self._interned: dict[tuple[str, int, str], Site] = {}
         self._stacks: dict[int, list[Site]] = {}
+        self._ends: dict[tuple[int, int], int | None] = {}  # (id(code), f_lasti): end column
         #: the boundary calls now running, innermost last: [its frame, its site or UNSET]
         self.calls: list[list] = []
 
@@ -61,7 +62,7 @@ class SiteResolver:
         """A resolver for another thread: the same caches, none of this thread's calls."""
         other = SiteResolver.__new__(SiteResolver)
         other.codes, other._kept = self.codes, self._kept
-        other._interned, other._stacks = self._interned, self._stacks
+        other._interned, other._stacks, other._ends = self._interned, self._stacks, self._ends
         other.calls = []
         return other
 
@@ -131,13 +132,27 @@ class SiteResolver:
                 frame = frame.f_back
         return None
 
-    def stack_at(self, site: Site | None) -> list[Site]:
+    def stack_at(self, site: Site | None) -> tuple[list[Site], int | None]:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
-        its first call, so later calls at the site need no walk)."""
+        its first call, so later calls at the site need no walk), and where, on the line,
+        the call now making a copy ends (two calls on one line are told apart by it)."""
         found = self._stacks.get(id(site))
         if found is None:
             found = self._stacks[id(site)] = self.stack()
-        return found
+        frame = _getframe(1)  # the innermost frame outside torch and this package: a short
+        codes = self.codes  # climb past the tracer's and torch's own frames
+        while frame is not None:
+            entry = codes.get(id(frame.f_code))
+            if entry is None:
+                entry = self.classify(frame.f_code)
+            if entry is not False and entry is not BOUNDARY:
+                key = (id(frame.f_code), frame.f_lasti)
+                end = self._ends.get(key, UNSET)
+                if end is UNSET:
+                    end = self._ends[key] = _end_column(frame)
+                return found, end
+            frame = frame.f_back
+        return found, None
 
     def stack(self) -> list[Site]:
         """Frames outside torch and this package, innermost first, at most MAX_STACK_FRAMES
@@ -161,3 +176,15 @@ class SiteResolver:
                     break
             frame = frame.f_back
         return frames
+
+
+def _end_column(frame: FrameType) -> int | None:
+    """Where, on its line, the expression the frame is evaluating (a call) ends: tells two
+    calls on one line apart. Python 3.11's code positions, one per 2-byte code unit."""
+    try:
+        for i, position in enumerate(frame.f_code.co_positions()):
+            if i == frame.f_lasti // 2:  # (a call over several lines: no column)
+                return position[3] if position[1] == position[0] else None
+    except (AttributeError, ValueError):
+        pass
+    return None

@@ -219,9 +219,10 @@ class TraceState:
         `dst` (whose first reader is its consumer; None: none is looked for), its shape and
         dtype those of `described`."""
         col = self.collector
+        stack, end_col = self.sites.stack_at(site)
         return col.copy(
             direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
-            host_ns=host_ns, device_ns=device_ns, site=site, stack=self.sites.stack_at(site),
+            host_ns=host_ns, device_ns=device_ns, site=site, stack=stack, end_col=end_col,
             producer=col.producer_of(src) if src is not None else None, dst=dst,
             shape=list(described.shape), dtype=str(described.dtype).replace("torch.", ""),
             thread=self.thread, at_ns=self.clock_ns())
