@@ -255,7 +255,7 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
         if verify_script is not None:
             checked = verify(verify_script, list(traces), device, cwd)
             click.echo(render_explain(checked.explanation, checked.kept, fmt, cwd,
-                                      checked.dropped), nl=False)
+                                      checked.dropped, checked.not_worth_it), nl=False)
             return
         loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,))
         if log:

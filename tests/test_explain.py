@@ -15,7 +15,8 @@ from memcpy_doctor.analysis.rules import suggest
 from memcpy_doctor.core.summary import summarize
 from memcpy_doctor.run.apply import ApplyError, GuardEdit, LineEdit, apply_edits, load_edits
 from memcpy_doctor.render.diff import render_diff
-from memcpy_doctor.render.explain import render_explain_json, render_explain_text
+from memcpy_doctor.render.explain import (render_explain_json, render_explain_text,
+                                          render_set_aside)
 from memcpy_doctor.core.trace import CopyRecord, FlowRecord, Meta, OpRecord, OpRef, Site, Trace
 
 SOURCE = textwrap.dedent("""\
@@ -175,12 +176,18 @@ def test_a_transfer_that_also_converts_is_not_dropped(tmp_path, line):
 
 def test_a_guard_that_costs_more_than_it_saves_is_not_offered(prog):
     trace = bounce_trace(prog)
-    for op in trace.ops:  # 100 calls at the guarded line: 10 blocks and 100 calls to pay for
+    for op in trace.ops:  # 100 calls at the guarded line: 100 blocks and calls to pay for
         if op.op == "aten::slice":
             op.calls = 100
-    found = suggest(trace, explain(trace))
+    aside: list = []
+    found = suggest(trace, explain(trace), not_worth_it=aside)
     assert "host-round-trip" not in [s.rule for s in found]
     assert all(s.saving_ns > 0 for s in found)
+    # 350 us of copies; the guard: entered 100 times (12 us), handling 100 calls (10 us)
+    assert [(s.rule, s.saving_ns) for s in aside] == [
+        ("host-round-trip", 350_000 - 100 * 12_000 - 100 * 10_000)]
+    text = render_explain_text(explain(trace), found) + render_set_aside(aside, [])
+    assert "\nConsidered, not worth it (estimated to save nothing):\n- run aten::slice" in text
 
 
 def test_diff_headers_name_a_file_elsewhere_relative_to_the_cwd(tmp_path):

@@ -95,8 +95,7 @@ class HostRoundTrip(Rule):
                 suggestion = self._plain(trace, chain, upload, removed, moved, plain, cwd)
             else:  # written: the plain edit is the only one that removes the copies
                 suggestion = self._suggest(trace, chain, sites, removed, moved, cwd)
-            if suggestion.saving_ns > 0:  # else the guard costs more than it saves
-                out.append(suggestion)
+            out.append(suggestion)  # (suggest sets aside one whose guard costs too much)
         return out
 
     def _plain(self, trace: Trace, chain: Chain, upload: CopyRecord,
@@ -397,13 +396,14 @@ class DataDependentShape(Rule):
 
 
 def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
-            device_memory_bytes: int | None = None) -> list[Suggestion]:
+            device_memory_bytes: int | None = None,
+            not_worth_it: list[Suggestion] | None = None) -> list[Suggestion]:
     """Every rule's suggestions: those for copies made every step first, edits of the user's
     own code before a library's settings, each group largest estimated saving first; one per
     distinct edit (the copy paths one edit removes merged into it) and none that saves
     nothing. A copy is claimed by the first (most specific) rule that removes it. The
     placement (a minimum cut over the op graph) comes first under a device memory budget,
-    last otherwise."""
+    last otherwise. Edits considered but estimated to save nothing go to `not_worth_it`."""
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
     batches += [rule().match(trace, explanation, cwd) for rule in RULES]
@@ -415,7 +415,11 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     merged: set[int] = set()
     for batch in batches:
         for s in batch:
-            if any(id(c) in claimed for c in s.removes) or s.saving_ns <= 0:
+            if any(id(c) in claimed for c in s.removes):
+                continue
+            if s.saving_ns <= 0:
+                if not_worth_it is not None and s.title not in {x.title for x in not_worth_it}:
+                    not_worth_it.append(s)
                 continue
             claimed.update(id(c) for c in s.removes)
             key = (s.rule, s.diff if s.diff is not None else s.title)

@@ -88,13 +88,17 @@ def _verified(v: Any) -> str:
             f"total {_ms(total_b)} -> {_ms(total_a)}")
 
 
-def render_dropped(dropped: list[Suggestion], cwd: str | None) -> str:
-    """The suggestions `explain --verify` dropped, after the rest."""
-    if not dropped:
-        return ""
-    lines = ["", "Dropped: a re-run with the edit made things worse"]
-    lines += [f"- {s.title}: {_verified(s.verified)}" for s in dropped]
-    return "\n".join(lines) + "\n"
+def render_set_aside(not_worth_it: list[Suggestion], dropped: list[Suggestion]) -> str:
+    """What was considered and left out, after the suggestions: edits estimated to save
+    nothing, and those `explain --verify` dropped."""
+    lines = []
+    if not_worth_it:
+        lines += ["", "Considered, not worth it (estimated to save nothing):"]
+        lines += [f"- {s.title}: ~{_ms(s.saving_ns)}; {s.detail}" for s in not_worth_it]
+    if dropped:
+        lines += ["", "Dropped: a re-run with the edit made things worse"]
+        lines += [f"- {s.title}: {_verified(s.verified)}" for s in dropped]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
@@ -145,7 +149,8 @@ def suggestion_dict(s: Suggestion) -> dict[str, Any]:
 
 
 def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
-                        dropped: list[Suggestion] | None = None) -> str:
+                        dropped: list[Suggestion] | None = None,
+                        not_worth_it: list[Suggestion] | None = None) -> str:
     data = {
         "total_ns": exp.total_ns, "simulated": exp.simulated, "device_name": exp.device_name,
         "sync_calls": exp.sync_calls, "sync_time_ns": exp.sync_time_ns,
@@ -165,6 +170,7 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
     }
     if dropped is not None:  # (explain --verify)
         data["dropped"] = [suggestion_dict(s) for s in dropped]
+    data["not_worth_it"] = [suggestion_dict(s) for s in not_worth_it or []]
     return json.dumps(data, indent=1) + "\n"
 
 
@@ -217,15 +223,17 @@ def render_log(trace: Trace, cwd: str | None = None) -> str:
 
 
 def render_explain(exp: Explanation, suggestions: list[Suggestion], fmt: str,
-                   cwd: str | None = None, dropped: list[Suggestion] | None = None) -> str:
+                   cwd: str | None = None, dropped: list[Suggestion] | None = None,
+                   not_worth_it: list[Suggestion] | None = None) -> str:
     """The explanation and its suggestions in `fmt`, one of FORMATS; the one entry point for
     callers that let the user choose the format. `dropped`: what `explain --verify` took
-    out."""
+    out; `not_worth_it`: edits estimated to save nothing."""
     if fmt == "json":
-        return render_explain_json(exp, suggestions, dropped)
+        return render_explain_json(exp, suggestions, dropped, not_worth_it)
+    aside = render_set_aside(not_worth_it or [], dropped or [])
     if fmt == "markdown":
-        return render_explain_markdown(exp, suggestions, cwd) + render_dropped(dropped or [], cwd)
-    return render_explain_text(exp, suggestions, cwd) + render_dropped(dropped or [], cwd)
+        return render_explain_markdown(exp, suggestions, cwd) + aside
+    return render_explain_text(exp, suggestions, cwd) + aside
 
 
 def render_logs(traces: list[Trace], names: list[str], cwd: str | None = None) -> str:

@@ -112,11 +112,12 @@ def explain_trace(trace: Trace, fmt: str, cwd: str, budget: int | None) -> str:
     """One trace's explanation and suggested edits in `fmt`. InputError when the device
     memory budget cannot be met at all, since the user chose the budget."""
     explanation = explain(trace)
+    not_worth_it: list = []
     try:
-        suggestions = suggest(trace, explanation, cwd, budget)
+        suggestions = suggest(trace, explanation, cwd, budget, not_worth_it)
     except ValueError as e:
         raise InputError(str(e)) from None
-    return render_explain(explanation, suggestions, fmt, cwd)
+    return render_explain(explanation, suggestions, fmt, cwd, not_worth_it=not_worth_it)
 
 
 def explain_traces(traces: list[Trace], names: list[str], fmt: str, cwd: str,

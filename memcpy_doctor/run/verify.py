@@ -60,6 +60,7 @@ class Verification:
     explanation: Explanation
     kept: list[Suggestion]  # each with `.verified` set where it was re-run
     dropped: list[Suggestion]  # re-run, and worse
+    not_worth_it: list[Suggestion]  # estimated to save nothing: not re-run
 
 
 def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
@@ -68,8 +69,8 @@ def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
     with tempfile.TemporaryDirectory(prefix="memcpy-doctor-verify-") as tmp:
         before = _profile(script, args, device, os.path.join(tmp, "before.json"), None)
         explanation = explain(before)
-        kept, dropped = [], []
-        for i, s in enumerate(suggest(before, explanation, cwd)):
+        kept, dropped, aside = [], [], []
+        for i, s in enumerate(suggest(before, explanation, cwd, not_worth_it=aside)):
             if s.apply is None:
                 kept.append(s)
                 continue
@@ -82,7 +83,7 @@ def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
                                   (before.summary.total_ns, after.summary.total_ns),
                                   (_ending(before), _ending(after)))
             (dropped if s.verified.worse else kept).append(s)
-    return Verification(before, explanation, kept, dropped)
+    return Verification(before, explanation, kept, dropped, aside)
 
 
 def _ending(trace: Trace) -> str:
