@@ -9,6 +9,7 @@ line the CLI prints after `memcpy-doctor: error:`. Nothing here prints.
 
 from __future__ import annotations
 
+from ..core.kineto import is_kineto_file, load_any
 from ..core.trace import Trace, TraceError
 from .rankenv import RankError, expand_traces
 
@@ -21,9 +22,12 @@ class InputError(Exception):
 
 
 def load_trace(path: str) -> Trace:
-    """The trace saved at `path`; InputError when it is missing or unreadable, because a
-    trace the user named is a usage error, not a crash."""
+    """The trace saved at `path` (memcpy-doctor's, or torch.profiler's `.json`/`.json.gz`,
+    recognised by content); InputError when it is missing or unreadable, because a trace the
+    user named is a usage error, not a crash."""
     try:
+        if is_kineto_file(path):  # a torch.profiler trace, read as one of ours
+            return load_any(path)
         return Trace.load(path)
     except TraceError as e:
         raise InputError(str(e)) from None

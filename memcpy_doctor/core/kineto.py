@@ -1,0 +1,236 @@
+"""torch.profiler (Kineto) traces read as memcpy-doctor traces: the copies a real GPU made,
+measured, from the Chrome-trace JSON (`.json` or `.json.gz`) torch.profiler writes.
+
+What maps, and from where (docs/kineto.md has the table):
+- a copy: each `gpu_memcpy` event ("Memcpy HtoD (Pageable -> Device)", ...): direction,
+  pinned or pageable, bytes (`args.bytes`), device time; the `cuda_runtime` call with the same
+  `correlation` gives the host thread and host time;
+- sync or async: the host waited when the call is a blocking `cudaMemcpy`, or when a
+  `cudaStreamSynchronize` follows the launch inside the same enclosing op (PyTorch's
+  memcpy_and_sync); the wait's time is the copy's host time too;
+- the trigger: the ops enclosing the call (`aten::item` -> item, `aten::to` -> to,
+  `aten::copy_` -> copy_, else the innermost op's name);
+- waits: `cudaStreamSynchronize`, `cudaDeviceSynchronize`, `cudaEventSynchronize` that are
+  not a copy's;
+- the Event Summary: each `cpu_op` name, its host time, and the device time of the kernels
+  and copies launched inside it (by correlation);
+- the total: the span of the trace's events.
+Not mapped yet: call sites (a trace records Python stacks only with `with_stack`), the op that
+made a copy's data and the one that read it, one trace per rank of a multi-rank file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from typing import Any
+
+from .summary import summarize
+from .trace import PADDLE_DIRECTION, CopyRecord, EventRow, Meta, Trace, TraceError, WaitRecord
+
+#: "Memcpy HtoD (Pageable -> Device)": direction, and whether the host side is pinned.
+_KINDS = {"HtoD": "HtoD", "DtoH": "DtoH", "DtoD": "DtoD"}
+_WAITS = {"cudaStreamSynchronize": "stream_synchronize", "cudaDeviceSynchronize": "synchronize",
+          "cudaEventSynchronize": "event_synchronize"}
+_SCALAR_READ = "aten::_local_scalar_dense"
+#: Enclosing ops that name a copy's trigger, outermost meaning first.
+_TRIGGERS = (("aten::item", "item"), ("aten::tolist", "tolist"), ("aten::nonzero", "nonzero"),
+             ("aten::to", "to"), ("aten::_to_copy", "to"), ("aten::copy_", "copy_"))
+
+
+def is_kineto_file(path: str) -> bool:
+    """Whether the file at `path` looks like a torch.profiler trace: gzip-compressed, or JSON
+    whose first keys are Kineto's (`schemaVersion`, `traceEvents`), not memcpy-doctor's."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return False
+    return head[:2] == b"\x1f\x8b" or b'"schemaVersion"' in head or (
+        b'"traceEvents"' in head and b'"schema_version"' not in head)
+
+
+def is_kineto(data: Any) -> bool:
+    """Whether parsed JSON is a torch.profiler trace (by its content, not its file name)."""
+    return (isinstance(data, dict) and isinstance(data.get("traceEvents"), list)
+            and "schema_version" not in data)
+
+
+def read_json(path: str) -> Any:
+    """A `.json` or gzip-compressed JSON file, parsed; TraceError when it cannot be."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        if not raw.strip():
+            raise TraceError(f"{path}: empty file")
+        return json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (ValueError, EOFError, UnicodeDecodeError) as e:
+        raise TraceError(f"{path}: not a trace (not valid JSON: {e})") from None
+
+
+def _ns(us: Any) -> int:
+    return round(float(us) * 1000)
+
+
+def _stacks(events: list[dict]) -> dict[int, list[dict]]:
+    """For each cuda_runtime event (by id), the cpu_ops enclosing it, outermost first: one
+    sweep per thread over the events sorted by start, longest first."""
+    by_tid: dict[Any, list[dict]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "cuda_runtime") and e.get("ph") == "X":
+            by_tid[(e.get("pid"), e.get("tid"))].append(e)
+    out: dict[int, list[dict]] = {}
+    for evs in by_tid.values():
+        evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+        open_ops: list[dict] = []
+        for e in evs:
+            ts = float(e["ts"])
+            while open_ops and float(open_ops[-1]["ts"]) + float(open_ops[-1]["dur"]) < ts:
+                open_ops.pop()
+            if e["cat"] == "cpu_op":
+                open_ops.append(e)
+            else:
+                out[id(e)] = list(open_ops)
+    return out
+
+
+def _trigger(ops: list[dict]) -> str:
+    names = [o.get("name", "") for o in ops]
+    for op, trigger in _TRIGGERS:
+        if op in names:
+            return trigger
+    return names[-1].replace("aten::", "") if names else "memcpy"
+
+
+def from_kineto(data: dict, source: str) -> Trace:
+    """The memcpy-doctor trace of a parsed torch.profiler trace (see the module docstring)."""
+    events = [e for e in data["traceEvents"] if isinstance(e, dict) and "ts" in e]
+    if not any(e.get("cat") in ("cuda_runtime", "gpu_memcpy", "kernel") for e in events):
+        raise TraceError(f"{source}: a Chrome or torch.profiler trace with no CUDA activity "
+                         "(CPU only, or another accelerator): no copies to read")
+    runtime = {e["args"]["correlation"]: e for e in events
+               if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    stacks = _stacks(events)
+    syncs_by_thread: dict[Any, list[dict]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and e.get("name") in _WAITS:
+            syncs_by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    used_waits: set[int] = set()
+    # a sampled trace may hold no stream syncs at all; PyTorch always waits in
+    # _local_scalar_dense (item(), bool(), ...), so such copies still count as sync there
+    sync_calls_recorded = any(w["name"] == "cudaStreamSynchronize"
+                              for ws in syncs_by_thread.values() for w in ws)
+    copies: dict[tuple, list] = {}
+    device_in_op: dict[int, int] = defaultdict(int)  # id(cpu_op) -> device ns under it
+    for e in events:
+        cat, args = e.get("cat"), e.get("args", {})
+        call = runtime.get(args.get("correlation"))
+        ops = stacks.get(id(call), []) if call is not None else []
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and ops:
+            device_in_op[id(ops[-1])] += _ns(e.get("dur", 0))
+        if cat != "gpu_memcpy":
+            continue
+        name = e.get("name", "")
+        direction = next((d for k, d in _KINDS.items() if k in name), None)
+        if direction is None:
+            continue
+        pinned = None if direction == "DtoD" else "Pinned" in name
+        host_ns, sync = 0, False
+        if call is not None:
+            host_ns, sync = _ns(call["dur"]), call.get("name") == "cudaMemcpy"
+        if call is not None and not sync:  # memcpy_and_sync: a stream sync in the same op
+            wait = _following_sync(call, ops, syncs_by_thread)
+            if wait is not None:
+                sync, host_ns = True, host_ns + _ns(wait["dur"])
+                used_waits.add(id(wait))
+            elif not sync_calls_recorded and ops and ops[-1].get("name") == _SCALAR_READ:
+                sync = True
+        key = (direction, sync, pinned, _trigger(ops))
+        entry = copies.setdefault(key, [0, 0, 0, 0, []])
+        device_ns = _ns(e.get("dur", 0))
+        entry[0] += 1
+        entry[1] += int(args.get("bytes", 0))
+        entry[2] += host_ns
+        entry[3] += device_ns
+        entry[4].append(host_ns + device_ns)
+    records = [CopyRecord(d, s, p, t, calls, nbytes, host, dev, None, [], None, None)
+               for (d, s, p, t), (calls, nbytes, host, dev, _) in copies.items()]
+    per_call = {(c.direction, c.sync): [] for c in records}
+    for (d, s, _, _), entry in copies.items():
+        per_call[(d, s)] += entry[4]
+    waits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for tid_syncs in syncs_by_thread.values():
+        for w in tid_syncs:
+            if id(w) not in used_waits:
+                waits[_WAITS[w["name"]]][0] += 1
+                waits[_WAITS[w["name"]]][1] += _ns(w.get("dur", 0))
+    wait_records = [WaitRecord(k, c, ns, None) for k, (c, ns) in waits.items()]
+    rows = _event_rows(events, device_in_op, records, per_call, wait_records)
+    start = min(float(e["ts"]) for e in events)
+    end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
+    props = data.get("deviceProperties") or [{}]
+    name = props[0].get("name") if isinstance(props[0], dict) else None
+    untraced = [f"imported from torch.profiler: {source}; call sites, producers and consumers "
+                "are not in such a trace"]
+    if not sync_calls_recorded:
+        untraced.append("the trace holds no stream syncs (sampled?): only copies inside "
+                        "aten::_local_scalar_dense are counted as waited for")
+    meta = Meta(device="cuda", simulated=False, device_name=name or "a GPU (not recorded)",
+                device_profile=None, torch_version="", command=[], untraced=untraced)
+    return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records,
+                 wait_records)
+
+
+def _following_sync(call: dict, ops: list[dict], syncs: dict[Any, list[dict]]) -> Any:
+    """The cudaStreamSynchronize after `call` on its thread, inside its innermost op."""
+    if not ops:
+        return None
+    op = ops[-1]
+    end_call, end_op = float(call["ts"]) + float(call["dur"]), float(op["ts"]) + float(op["dur"])
+    for w in syncs.get((call.get("pid"), call.get("tid")), []):
+        if w["name"] == "cudaStreamSynchronize" and end_call <= float(w["ts"]) <= end_op:
+            return w
+    return None
+
+
+def _event_rows(events: list[dict], device_in_op: dict[int, int], copies: list[CopyRecord],
+                per_call: dict[tuple, list[int]], waits: list[WaitRecord]) -> list[EventRow]:
+    rows: dict[str, list[int]] = {}
+    for e in events:
+        if e.get("cat") != "cpu_op":
+            continue
+        cpu, gpu = _ns(e.get("dur", 0)), device_in_op.get(id(e), 0)
+        row = rows.setdefault(e["name"], [0, 0, 0, 1 << 62, 0])
+        row[0] += 1
+        row[1] += cpu
+        row[2] += gpu
+        row[3] = min(row[3], cpu + gpu)
+        row[4] = max(row[4], cpu + gpu)
+    out = [EventRow(n, c, cpu, gpu, lo, hi) for n, (c, cpu, gpu, lo, hi) in rows.items()]
+    for (direction, sync), times in per_call.items():
+        same = [c for c in copies if (c.direction, c.sync) == (direction, sync)]
+        name = f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
+        out.append(EventRow(name, sum(c.calls for c in same), sum(c.host_ns for c in same),
+                            sum(c.device_ns for c in same), min(times), max(times)))
+    out += [EventRow(f"HostWait:{w.kind}", w.calls, w.wait_ns, 0, 0, 0) for w in waits]
+    return out
+
+
+def load_any(path: str) -> Trace:
+    """A memcpy-doctor trace, or a torch.profiler trace read as one; TraceError otherwise."""
+    data = read_json(path)
+    if is_kineto(data):
+        try:
+            return from_kineto(data, path)
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
+                             f"({type(e).__name__}: {e})") from None
+    try:
+        return Trace.from_dict(data)
+    except TraceError as e:
+        raise TraceError(f"{path}: {e}") from None

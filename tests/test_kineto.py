@@ -1,0 +1,124 @@
+"""torch.profiler (Kineto) traces read as memcpy-doctor traces (core/kineto.py): exact figures
+from a small hand-written trace in Kineto's format, the CLI on it (by content, .json or
+.json.gz), and, where ../shared/kineto is present, the real A100 traces' own copy counts."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memcpy_doctor.core.kineto import from_kineto, load_any
+from memcpy_doctor.core.trace import TraceError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "kineto"
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def _gpu(cat: str, name: str, ts: float, dur: float, corr: int, **args) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, **args}}
+
+
+def kineto_trace(sync: bool = True) -> dict:
+    """x.to("cuda") from pageable memory, waited for; loss.item(); a matmul; a
+    torch.cuda.synchronize(); a pinned non_blocking copy. Times in us."""
+    events = [
+        _x("cpu_op", "aten::to", 0, 100), _x("cpu_op", "aten::copy_", 10, 80),
+        _x("cuda_runtime", "cudaMemcpyAsync", 20, 10, correlation=1),
+        _gpu("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 25, 5, 1, bytes=4096),
+        _x("cpu_op", "aten::item", 200, 60), _x("cpu_op", "aten::_local_scalar_dense", 205, 50),
+        _x("cuda_runtime", "cudaMemcpyAsync", 210, 10, correlation=3),
+        _gpu("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 215, 2, 3, bytes=4),
+        _x("cpu_op", "aten::mm", 300, 20), _x("cuda_runtime", "cudaLaunchKernel", 305, 5,
+                                                 correlation=5),
+        _gpu("kernel", "gemm", 310, 50, 5),
+        _x("cuda_runtime", "cudaDeviceSynchronize", 400, 50, correlation=6),
+        _x("cpu_op", "aten::copy_", 500, 20),
+        _x("cuda_runtime", "cudaMemcpyAsync", 505, 5, correlation=7),
+        _gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 506, 3, 7, bytes=1024),
+    ]
+    if sync:  # PyTorch's memcpy_and_sync: a stream sync inside the same op
+        events += [_x("cuda_runtime", "cudaStreamSynchronize", 32, 8, correlation=2),
+                   _x("cuda_runtime", "cudaStreamSynchronize", 222, 8, correlation=4)]
+    return {"schemaVersion": 1, "deviceProperties": [{"name": "NVIDIA A100-SXM4-80GB"}],
+            "traceEvents": events}
+
+
+def test_copies_waits_and_events_map_exactly():
+    t = from_kineto(kineto_trace(), "k.json")
+    assert t.meta.device_name == "NVIDIA A100-SXM4-80GB" and not t.meta.simulated
+    assert sorted((c.direction, c.sync, c.pinned, c.trigger, c.calls, c.bytes, c.host_ns,
+                   c.device_ns) for c in t.copies) == [
+        ("DtoH", True, False, "item", 1, 4, 18_000, 2_000),      # the call and its wait
+        ("HtoD", False, True, "copy_", 1, 1024, 5_000, 3_000),   # pinned, not waited for
+        ("HtoD", True, False, "to", 1, 4096, 18_000, 5_000)]
+    assert [(w.kind, w.calls, w.wait_ns) for w in t.waits] == [("synchronize", 1, 50_000)]
+    rows = {e.name: (e.calls, e.cpu_ns, e.gpu_ns) for e in t.events}
+    assert rows["aten::mm"] == (1, 20_000, 50_000)  # its kernel, by correlation
+    assert rows["GpuMemcpySync:CPU->GPU"] == (1, 18_000, 5_000)
+    assert rows["HostWait:synchronize"] == (1, 50_000, 0)
+    assert t.summary.total_ns == 520_000  # first event to last end
+    assert (t.summary.memcpy_sync.calls, t.summary.memcpy_async.calls) == (2, 1)
+
+
+def test_a_trace_without_stream_syncs_counts_only_scalar_reads_as_waited_for():
+    t = from_kineto(kineto_trace(sync=False), "k.json")
+    assert sorted((c.trigger, c.sync) for c in t.copies) == [
+        ("copy_", False), ("item", True), ("to", False)]
+    assert any("no stream syncs" in u for u in t.meta.untraced)
+
+
+def test_a_cpu_only_trace_is_one_clear_error():
+    data = {"traceEvents": [_x("cpu_op", "aten::add", 0, 5)]}
+    with pytest.raises(TraceError, match="no CUDA activity"):
+        from_kineto(data, "cpu.json")
+
+
+def _cli(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memcpy_doctor", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_report_and_check_read_a_kineto_trace_by_its_content(tmp_path):
+    (tmp_path / "plain.json").write_text(json.dumps(kineto_trace()))
+    (tmp_path / "trace.pt.trace.json.gz").write_bytes(gzip.compress(
+        json.dumps(kineto_trace()).encode()))
+    for name in ("plain.json", "trace.pt.trace.json.gz"):
+        assert load_any(str(tmp_path / name)).summary.memcpy_sync.calls == 2
+        r = _cli("report", name, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "Place: CUDA:0 (NVIDIA A100-SXM4-80GB)" in r.stdout
+        assert "  GpuMemcpySync          Calls: 2 " in r.stdout
+    assert _cli("check", "--max", "sync_calls=0", "plain.json", cwd=tmp_path).returncode == 1
+    assert _cli("check", "--max", "sync_calls=2", "plain.json", cwd=tmp_path).returncode == 0
+    (tmp_path / "cpu.json").write_text(json.dumps({"traceEvents": [_x("cpu_op", "a", 0, 1)]}))
+    r = _cli("report", "cpu.json", cwd=tmp_path)
+    assert r.returncode == 2 and "no CUDA activity" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kineto is not here")
+@pytest.mark.parametrize("name", ["a100_alexnet", "a100_event_sync", "sampled_rank0"])
+def test_the_real_traces_copies_are_their_own_memcpy_events(name):
+    path = SHARED / f"{name}.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    memcpy = [e for e in events if isinstance(e, dict) and e.get("cat") == "gpu_memcpy"]
+    t = load_any(os.fspath(path))
+    for d in ("HtoD", "DtoH", "DtoD"):
+        mine = [c for c in t.copies if c.direction == d]
+        theirs = [e for e in memcpy if f" {d} " in e["name"]]
+        assert sum(c.calls for c in mine) == len(theirs)
+        assert sum(c.bytes for c in mine) == sum(e["args"]["bytes"] for e in theirs)
+    syncs = sum(1 for e in events if isinstance(e, dict) and e.get("cat") == "cuda_runtime"
+                and e.get("name") == "cudaStreamSynchronize")
+    if name == "a100_alexnet":  # 16 pageable uploads, each followed by its stream sync
+        assert t.summary.memcpy_sync.calls == 16 and syncs >= 16
