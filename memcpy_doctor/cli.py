@@ -27,6 +27,7 @@ from .core import __version__
 from .core.defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
                             DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
                             SORT_KEYS)
+from .core.kineto import is_kineto_file
 from .core.trace import Trace
 from .core.units import parse_bytes
 from .render.explain import FORMATS as EXPLAIN_FORMATS, render_explain, render_logs
@@ -38,8 +39,9 @@ from .run.gating import CHECK_FORMATS, gate_traces
 from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_profile, this_rank,
                           write_report_and_trace, write_timeline)
 from .run.ranks import diff_traces, explain_traces, profile_ranks
+from .run.rankenv import rank_path
 from .run.runner import RunResult, format_exception
-from .run.traces import InputError, load_traces, write_text
+from .run.traces import InputError, load_trace, load_traces, write_text
 from .run.verify import verify
 
 
@@ -280,6 +282,36 @@ def diff(before: str, after: str) -> None:
     merged, and a side whose ranks make different sync copies is flagged."""
     with _usage_errors():
         click.echo(diff_traces(before, after, os.getcwd()))
+
+
+@cli.command(name="import")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", metavar="PATH", default=DEFAULT_TRACE_PATH, show_default=True,
+              help="Where to write the trace; with the ranks of one run, one file per rank "
+                   "(trace.rank0.json, ...).")
+def import_cmd(traces: tuple[str, ...], output: str) -> None:
+    """Convert torch.profiler (Kineto) TRACES (.json or .json.gz) into memcpy-doctor traces,
+    measured on the GPU that recorded them (docs/kineto.md). Several TRACES must be the
+    ranks of one run (their distributedInfo says which)."""
+    with _usage_errors():
+        ours = [t for t in traces if not is_kineto_file(t)]
+        if ours:
+            raise UsageProblem(f"import: {ours[0]}: give torch.profiler traces (a "
+                               "memcpy-doctor trace needs no import)")
+        loaded = [load_trace(t) for t in traces]
+        ranks = [t.meta.rank for t in loaded]
+        if len(loaded) > 1 and (None in ranks or len(set(ranks)) != len(ranks)):
+            raise UsageProblem("import: several traces must be distinct ranks of one run "
+                               "(their distributedInfo gives no rank, or the same one)")
+        for t in loaded:
+            path = output if len(loaded) == 1 else rank_path(output, t.meta.rank)
+            try:
+                t.save(path)
+            except OSError as e:
+                raise UsageProblem(f"-o {path}: cannot write ({e.strerror or e})") from None
+            _say(f"memcpy-doctor: {t.summary.memcpy_all.calls} copies "
+                 f"({t.summary.memcpy_sync.calls} waited for) from {t.meta.device_name}, "
+                 f"written to {path}")
 
 
 @cli.command(name="check")

@@ -57,6 +57,7 @@ def kineto_trace(sync: bool = True) -> dict:
 def test_copies_waits_and_events_map_exactly():
     t = from_kineto(kineto_trace(), "k.json")
     assert t.meta.device_name == "NVIDIA A100-SXM4-80GB" and not t.meta.simulated
+    assert t.meta.imported_from == "k.json" and t.meta.rank is None
     assert sorted((c.direction, c.sync, c.pinned, c.trigger, c.calls, c.bytes, c.host_ns,
                    c.device_ns) for c in t.copies) == [
         ("DtoH", True, False, "item", 1, 4, 18_000, 2_000),      # the call and its wait
@@ -97,7 +98,8 @@ def test_report_and_check_read_a_kineto_trace_by_its_content(tmp_path):
         assert load_any(str(tmp_path / name)).summary.memcpy_sync.calls == 2
         r = _cli("report", name, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert "Place: CUDA:0 (NVIDIA A100-SXM4-80GB)" in r.stdout
+        assert ("Place: CUDA:0 (measured on NVIDIA A100-SXM4-80GB; imported from "
+                "torch.profiler)") in r.stdout
         assert "  GpuMemcpySync          Calls: 2 " in r.stdout
     assert _cli("check", "--max", "sync_calls=0", "plain.json", cwd=tmp_path).returncode == 1
     assert _cli("check", "--max", "sync_calls=2", "plain.json", cwd=tmp_path).returncode == 0
@@ -122,3 +124,18 @@ def test_the_real_traces_copies_are_their_own_memcpy_events(name):
                 and e.get("name") == "cudaStreamSynchronize")
     if name == "a100_alexnet":  # 16 pageable uploads, each followed by its stream sync
         assert t.summary.memcpy_sync.calls == 16 and syncs >= 16
+
+
+def test_import_writes_one_trace_per_rank(tmp_path):
+    for rank in (0, 1):
+        data = {**kineto_trace(), "distributedInfo": {"rank": rank, "world_size": 2}}
+        (tmp_path / f"r{rank}.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
+    r = _cli("import", "r0.json.gz", "r1.json.gz", "-o", "run.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == ("memcpy-doctor: 3 copies (2 waited for) from NVIDIA "
+                                        "A100-SXM4-80GB, written to run.rank0.json")
+    saved = load_any(str(tmp_path / "run.rank1.json"))
+    assert (saved.meta.rank, saved.meta.world_size) == (1, 2)
+    assert saved.meta.imported_from == "r1.json.gz"
+    r = _cli("import", "run.rank0.json", cwd=tmp_path)  # ours: nothing to import
+    assert r.returncode == 2 and "give torch.profiler traces" in r.stderr

@@ -175,13 +175,19 @@ def from_kineto(data: dict, source: str) -> Trace:
     end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
     props = data.get("deviceProperties") or [{}]
     name = props[0].get("name") if isinstance(props[0], dict) else None
-    untraced = [f"imported from torch.profiler: {source}; call sites, producers and consumers "
-                "are not in such a trace"]
+    untraced = ["call sites, and the ops that made and read each copy's data, are not in a "
+                "torch.profiler trace"]
     if not sync_calls_recorded:
         untraced.append("the trace holds no stream syncs (sampled?): only copies inside "
                         "aten::_local_scalar_dense are counted as waited for")
+    dist = data.get("distributedInfo")
+    rank = dist.get("rank") if isinstance(dist, dict) else None
+    size = dist.get("world_size") if isinstance(dist, dict) else None
+    ranked = type(rank) is int and type(size) is int and size > 1
     meta = Meta(device="cuda", simulated=False, device_name=name or "a GPU (not recorded)",
-                device_profile=None, torch_version="", command=[], untraced=untraced)
+                device_profile=None, torch_version="", command=[], untraced=untraced,
+                rank=rank if ranked else None, world_size=size if ranked else None,
+                imported_from=source)
     return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records,
                  wait_records)
 

@@ -64,6 +64,7 @@ class Meta:
     rank: int | None = None
     world_size: int | None = None
     wall_ns: int | None = None  # as traced; in no simulated figure (docs/sim-time.md)
+    imported_from: str | None = None  # a torch.profiler trace's file (core/kineto.py)
 
 
 @dataclass
@@ -378,7 +379,9 @@ def _meta(d: Any) -> Meta:
                 untraced=[_str(u) for u in _list(d.get("untraced", []), "meta.untraced")],
                 rank=None if rank is None else _int(rank, "meta.rank"),
                 world_size=None if world_size is None else _int(world_size, "meta.world_size"),
-                wall_ns=None if d.get("wall_ns") is None else _int(d["wall_ns"], "meta.wall_ns"))
+                wall_ns=None if d.get("wall_ns") is None else _int(d["wall_ns"], "meta.wall_ns"),
+                imported_from=None if d.get("imported_from") is None
+                else _str(d["imported_from"]))
 
 
 def _thread(d: dict[str, Any]) -> str | None:

@@ -113,6 +113,8 @@ def place(trace: Trace) -> str:
     if m.simulated:
         return (f"CUDA:0 (simulated {m.device_name}; device, copy and host times are "
                 "modeled, not measured)")
+    if m.imported_from is not None:
+        return f"CUDA:0 (measured on {m.device_name}; imported from torch.profiler)"
     return f"CUDA:0 ({m.device_name})"
 
 
