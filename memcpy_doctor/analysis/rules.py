@@ -28,14 +28,15 @@ from .suggestion import Suggestion
 
 
 def estimate_saving(trace: Trace, removed: list[CopyRecord],
-                    moved_to_host: list[OpRecord] = ()) -> int:
+                    moved_to_host: list[OpRecord] = (), guarded: bool = True) -> int:
     """Host time given back: the removed copies' host time, plus, for each op moved to the
     host, what it cost the host on the device (its launches) less what it takes on the CPU,
-    less what the device_guard that moves it costs (may be negative: a cost)."""
+    less, when a device_guard moves them (`guarded`), what the guard costs (may be
+    negative: a cost)."""
     saving = sum(c.host_ns for c in removed)
     for op in moved_to_host:
         saving += op.host_ns - op.run_ns
-    return saving - guard_cost_ns(moved_to_host)
+    return saving - guard_cost_ns(moved_to_host) if guarded else saving
 
 
 class Rule(abc.ABC):
@@ -111,7 +112,7 @@ class HostRoundTrip(Rule):
                     f"({sum(c.calls for c in removed)} calls), if nothing else needs that "
                     "data on the device (plain PyTorch: nothing from memcpy-doctor at run time)"),
             sites=[upload.site], removes=removed,
-            saving_ns=estimate_saving(trace, removed, moved) + guard_cost_ns(moved),
+            saving_ns=estimate_saving(trace, removed, moved, guarded=False),
             diff=change[0], apply=change[1])
 
     def _suggest(self, trace: Trace, chain: Chain, sites: set[Site],

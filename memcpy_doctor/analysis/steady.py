@@ -55,9 +55,11 @@ class StepSplit:
 def split_sync(trace: Trace) -> StepSplit:
     """The run's sync copies, per step and setup."""
     total = trace.summary.total_ns
-    sync = [c for c in trace.copies if c.sync]
-    steady = [c for c in sync if per_step(c, total)]
-    once = [c for c in sync if not per_step(c, total)]
+    steady: list[CopyRecord] = []
+    once: list[CopyRecord] = []
+    for c in trace.copies:
+        if c.sync:
+            (steady if per_step(c, total) else once).append(c)
     steps = estimate_steps(trace) if steady else None
     return StepSplit(steps, sum(c.calls for c in steady), sum(c.time_ns for c in steady),
                      sum(c.calls for c in once), sum(c.time_ns for c in once))

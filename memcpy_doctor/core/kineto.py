@@ -27,7 +27,8 @@ from collections import defaultdict
 from typing import Any
 
 from .summary import summarize
-from .trace import PADDLE_DIRECTION, CopyRecord, EventRow, Meta, Trace, TraceError, WaitRecord
+from .trace import (CopyRecord, EventRow, Meta, Trace, TraceError, WaitRecord,
+                    copy_event_name)
 
 #: "Memcpy HtoD (Pageable -> Device)": direction, and whether the host side is pinned.
 _KINDS = {"HtoD": "HtoD", "DtoH": "DtoH", "DtoD": "DtoD"}
@@ -220,9 +221,9 @@ def _event_rows(events: list[dict], device_in_op: dict[int, int], copies: list[C
     out = [EventRow(n, c, cpu, gpu, lo, hi) for n, (c, cpu, gpu, lo, hi) in rows.items()]
     for (direction, sync), times in per_call.items():
         same = [c for c in copies if (c.direction, c.sync) == (direction, sync)]
-        name = f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
-        out.append(EventRow(name, sum(c.calls for c in same), sum(c.host_ns for c in same),
-                            sum(c.device_ns for c in same), min(times), max(times)))
+        out.append(EventRow(copy_event_name(direction, sync), sum(c.calls for c in same),
+                            sum(c.host_ns for c in same), sum(c.device_ns for c in same),
+                            min(times), max(times)))
     out += [EventRow(f"HostWait:{w.kind}", w.calls, w.wait_ns, 0, 0, 0) for w in waits]
     return out
 

@@ -21,6 +21,11 @@ DIRECTIONS = ("HtoD", "DtoH", "DtoD")
 PADDLE_DIRECTION = {"HtoD": "CPU->GPU", "DtoH": "GPU->CPU", "DtoD": "GPU->GPU"}
 
 
+def copy_event_name(direction: str, sync: bool) -> str:
+    """A copy kind's Event Summary row: "GpuMemcpySync:CPU->GPU", ..."""
+    return f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
+
+
 class TraceError(Exception):
     """A trace file that cannot be read: missing, not JSON, not a trace, or a newer schema."""
 

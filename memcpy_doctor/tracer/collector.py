@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 
 from ..core.defaults import OP_TIMES_FOLD_AT
-from ..core.trace import (PADDLE_DIRECTION, CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
-                          TransferRecord, WaitRecord)
+from ..core.trace import (CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
+                          TransferRecord, WaitRecord, copy_event_name)
 from .chrome import ChromeLog
 from .producers import ProducerTable
 
@@ -177,10 +177,6 @@ class PendingCopy:
             self.agg.device_ns += ns
         else:
             self.device_ns += ns
-
-
-def copy_event_name(direction: str, sync: bool) -> str:
-    return f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
 
 
 @dataclass(frozen=True)
