@@ -12,6 +12,7 @@ import linecache
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..core.kineto import NO_STACK_NOTE
 from ..core.paths import is_user_file
 from ..core.trace import CopyRecord, OpRef, Site, Trace
 from .steady import per_step
@@ -86,6 +87,8 @@ class Explanation:
     chains: list[Chain] = field(default_factory=list)
     sync_calls: int = 0
     sync_time_ns: int = 0
+    #: what the trace lacks for attribution (an imported profile without Python stacks)
+    notes: list[str] = field(default_factory=list)
 
 
 def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
@@ -131,7 +134,8 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
     return Explanation(total_ns=total, simulated=trace.meta.simulated,
                        device_name=trace.meta.device_name, chains=chains,
                        sync_calls=sum(c.calls for c in sync),
-                       sync_time_ns=sum(c.time_ns for c in sync))
+                       sync_time_ns=sum(c.time_ns for c in sync),
+                       notes=[u for u in trace.meta.untraced if u == NO_STACK_NOTE])
 
 
 def _step(c: CopyRecord, total: int, source: SourceReader) -> CopyStep:

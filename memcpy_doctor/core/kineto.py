@@ -14,9 +14,14 @@ What maps, and from where (docs/kineto.md has the table):
   not a copy's;
 - the Event Summary: each `cpu_op` name, its host time, and the device time of the kernels
   and copies launched inside it (by correlation);
-- the total: the span of the trace's events.
-Not mapped yet: call sites (a trace records Python stacks only with `with_stack`), the op that
-made a copy's data and the one that read it, one trace per rank of a multi-rank file.
+- the total: the span of the trace's events;
+- sites (kineto_stacks.py): the Python frames around the call, when the profile was recorded
+  with `with_stack=True`; a frame names its function's first line, not the line in it;
+- producer and consumer, inferred: the op whose kernel ran last on the copy's stream before
+  it (device data), and the op around the trigger (`aten::index` around `aten::nonzero`) or,
+  for an upload, the op whose kernel ran next on the stream.
+Not mapped: exact producers (an ExecutionTraceObserver file's tensor ids), one trace per rank
+of a file holding several ranks (torch.profiler writes one file per rank).
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from .kineto_stacks import Streams, enclosing, inferred_ref
 from .summary import summarize
-from .trace import (CopyRecord, EventRow, Meta, Trace, TraceError, WaitRecord,
+from .trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
                     copy_event_name)
 
 #: "Memcpy HtoD (Pageable -> Device)": direction, and whether the host side is pinned.
@@ -35,6 +41,13 @@ _KINDS = {"HtoD": "HtoD", "DtoH": "DtoH", "DtoD": "DtoD"}
 _WAITS = {"cudaStreamSynchronize": "stream_synchronize", "cudaDeviceSynchronize": "synchronize",
           "cudaEventSynchronize": "event_synchronize"}
 _SCALAR_READ = "aten::_local_scalar_dense"
+#: What an imported trace cannot tell, as the report's "Not traced" line says it.
+INFERRED_NOTE = ("producers and consumers are inferred (the kernel that ran before or after "
+                 "the copy on its stream; the op around its trigger), not read from tensor ids")
+NO_STACK_NOTE = ("call sites: the profile has no Python stacks; a torch.profiler profile "
+                 "recorded with with_stack=True would name the lines")
+SITES_NOTE = ("call sites name the function that made each copy, at its first line "
+              "(torch.profiler records Python functions, not lines)")
 #: Enclosing ops that name a copy's trigger, outermost meaning first.
 _TRIGGERS = (("aten::item", "item"), ("aten::tolist", "tolist"), ("aten::nonzero", "nonzero"),
              ("aten::to", "to"), ("aten::_to_copy", "to"), ("aten::copy_", "copy_"))
@@ -78,34 +91,19 @@ def _ns(us: Any) -> int:
     return round(float(us) * 1000)
 
 
-def _stacks(events: list[dict]) -> dict[int, list[dict]]:
-    """For each cuda_runtime event (by id), the cpu_ops enclosing it, outermost first: one
-    sweep per thread over the events sorted by start, longest first."""
-    by_tid: dict[Any, list[dict]] = defaultdict(list)
-    for e in events:
-        if e.get("cat") in ("cpu_op", "cuda_runtime") and e.get("ph") == "X":
-            by_tid[(e.get("pid"), e.get("tid"))].append(e)
-    out: dict[int, list[dict]] = {}
-    for evs in by_tid.values():
-        evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
-        open_ops: list[dict] = []
-        for e in evs:
-            ts = float(e["ts"])
-            while open_ops and float(open_ops[-1]["ts"]) + float(open_ops[-1]["dur"]) < ts:
-                open_ops.pop()
-            if e["cat"] == "cpu_op":
-                open_ops.append(e)
-            else:
-                out[id(e)] = list(open_ops)
-    return out
-
-
-def _trigger(ops: list[dict]) -> str:
+def _trigger(ops: list[dict]) -> tuple[str, int]:
+    """The copy's trigger, and the index in `ops` of the op that names it (-1: none)."""
     names = [o.get("name", "") for o in ops]
     for op, trigger in _TRIGGERS:
         if op in names:
-            return trigger
-    return names[-1].replace("aten::", "") if names else "memcpy"
+            return trigger, names.index(op)
+    return (names[-1].replace("aten::", ""), len(names) - 1) if names else ("memcpy", -1)
+
+
+def _direction(name: str) -> str | None:
+    if "PtoP" in name:  # a peer copy between two GPUs: our DtoD
+        return "DtoD"
+    return next((d for k, d in _KINDS.items() if k in name), None)
 
 
 def from_kineto(data: dict, source: str) -> Trace:
@@ -116,7 +114,8 @@ def from_kineto(data: dict, source: str) -> Trace:
                          "(CPU only, or another accelerator): no copies to read")
     runtime = {e["args"]["correlation"]: e for e in events
                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    stacks = _stacks(events)
+    found = enclosing(events)
+    streams = Streams(events)
     syncs_by_thread: dict[Any, list[dict]] = defaultdict(list)
     for e in events:
         if e.get("cat") == "cuda_runtime" and e.get("name") in _WAITS:
@@ -126,21 +125,21 @@ def from_kineto(data: dict, source: str) -> Trace:
     # _local_scalar_dense (item(), bool(), ...), so such copies still count as sync there
     sync_calls_recorded = any(w["name"] == "cudaStreamSynchronize"
                               for ws in syncs_by_thread.values() for w in ws)
+    start = min(float(e["ts"]) for e in events)
     copies: dict[tuple, list] = {}
     device_in_op: dict[int, int] = defaultdict(int)  # id(cpu_op) -> device ns under it
     for e in events:
         cat, args = e.get("cat"), e.get("args", {})
         call = runtime.get(args.get("correlation"))
-        ops = stacks.get(id(call), []) if call is not None else []
+        ops = found.ops.get(id(call), []) if call is not None else []
         if cat in ("kernel", "gpu_memcpy", "gpu_memset") and ops:
             device_in_op[id(ops[-1])] += _ns(e.get("dur", 0))
         if cat != "gpu_memcpy":
             continue
-        name = e.get("name", "")
-        direction = next((d for k, d in _KINDS.items() if k in name), None)
+        direction = _direction(e.get("name", ""))
         if direction is None:
             continue
-        pinned = None if direction == "DtoD" else "Pinned" in name
+        pinned = None if direction == "DtoD" else "Pinned" in e["name"]
         host_ns, sync = 0, False
         if call is not None:
             host_ns, sync = _ns(call["dur"]), call.get("name") == "cudaMemcpy"
@@ -151,19 +150,31 @@ def from_kineto(data: dict, source: str) -> Trace:
                 used_waits.add(id(wait))
             elif not sync_calls_recorded and ops and ops[-1].get("name") == _SCALAR_READ:
                 sync = True
-        key = (direction, sync, pinned, _trigger(ops))
-        entry = copies.setdefault(key, [0, 0, 0, 0, []])
+        trigger, at = _trigger(ops)
+        sites = found.frames.get(id(call), []) if call is not None else []
+        site = sites[0] if sites else None
+        producer = (inferred_ref(streams.before(e), runtime, found)
+                    if direction != "HtoD" else None)
+        consumer = _consumer(ops, at, site, device_in_op) if at > 0 else (
+            inferred_ref(streams.after(e), runtime, found) if direction != "DtoH" else None)
+        key = (direction, sync, pinned, trigger, site, tuple(sites), producer, consumer)
+        entry = copies.setdefault(key, [0, 0, 0, 0, [], None, None])
         device_ns = _ns(e.get("dur", 0))
         entry[0] += 1
         entry[1] += int(args.get("bytes", 0))
         entry[2] += host_ns
         entry[3] += device_ns
         entry[4].append(host_ns + device_ns)
-    records = [CopyRecord(d, s, p, t, calls, nbytes, host, dev, None, [], None, None)
-               for (d, s, p, t), (calls, nbytes, host, dev, _) in copies.items()]
-    per_call = {(c.direction, c.sync): [] for c in records}
-    for (d, s, _, _), entry in copies.items():
-        per_call[(d, s)] += entry[4]
+        when = _ns(float((call or e)["ts"]) - start)
+        entry[5] = when if entry[5] is None else min(entry[5], when)
+        entry[6] = when if entry[6] is None else max(entry[6], when)
+    records = [CopyRecord(d, s, p, t, calls, nbytes, host, dev, site, list(stack), prod, cons,
+                          first_ns=first, last_ns=last)
+               for (d, s, p, t, site, stack, prod, cons), (calls, nbytes, host, dev, _, first,
+                                                          last) in copies.items()]
+    per_call: dict[tuple, list[int]] = {(c.direction, c.sync): [] for c in records}
+    for key, entry in copies.items():
+        per_call[(key[0], key[1])] += entry[4]
     waits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for tid_syncs in syncs_by_thread.values():
         for w in tid_syncs:
@@ -172,12 +183,23 @@ def from_kineto(data: dict, source: str) -> Trace:
                 waits[_WAITS[w["name"]]][1] += _ns(w.get("dur", 0))
     wait_records = [WaitRecord(k, c, ns, None) for k, (c, ns) in waits.items()]
     rows = _event_rows(events, device_in_op, records, per_call, wait_records)
-    start = min(float(e["ts"]) for e in events)
     end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
+    return Trace(_meta(data, source, found.has_python, sync_calls_recorded),
+                 summarize(_ns(end - start), rows, records), rows, [], records, wait_records)
+
+
+def _consumer(ops: list[dict], at: int, site: Site | None,
+              device_in_op: dict[int, int]) -> OpRef:
+    """The op around the trigger's op (`aten::index` around `aten::nonzero`), inferred."""
+    op = ops[at - 1]
+    device = "cuda" if device_in_op.get(id(op)) else "cpu"
+    return OpRef(f"{op.get('name', '')} (inferred)", device, site)
+
+
+def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) -> Meta:
     props = data.get("deviceProperties") or [{}]
     name = props[0].get("name") if isinstance(props[0], dict) else None
-    untraced = ["call sites, and the ops that made and read each copy's data, are not in a "
-                "torch.profiler trace"]
+    untraced = [INFERRED_NOTE, SITES_NOTE if has_python else NO_STACK_NOTE]
     if not sync_calls_recorded:
         untraced.append("the trace holds no stream syncs (sampled?): only copies inside "
                         "aten::_local_scalar_dense are counted as waited for")
@@ -185,12 +207,10 @@ def from_kineto(data: dict, source: str) -> Trace:
     rank = dist.get("rank") if isinstance(dist, dict) else None
     size = dist.get("world_size") if isinstance(dist, dict) else None
     ranked = type(rank) is int and type(size) is int and size > 1
-    meta = Meta(device="cuda", simulated=False, device_name=name or "a GPU (not recorded)",
+    return Meta(device="cuda", simulated=False, device_name=name or "a GPU (not recorded)",
                 device_profile=None, torch_version="", command=[], untraced=untraced,
                 rank=rank if ranked else None, world_size=size if ranked else None,
                 imported_from=source)
-    return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records,
-                 wait_records)
 
 
 def _following_sync(call: dict, ops: list[dict], syncs: dict[Any, list[dict]]) -> Any:

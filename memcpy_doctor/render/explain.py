@@ -109,6 +109,7 @@ def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
     lines = [f"Copies the host waited for ({place})",
              f"Total time {_ms(exp.total_ns)}; sync copies: {exp.sync_calls} calls, "
              f"{_ms(exp.sync_time_ns)} ({share:.2%})", ""]
+    lines += [f"Note: {n}" for n in exp.notes] + ([""] if exp.notes else [])
     if not exp.chains:
         lines.append("No copies the host waited for.")
     steady = [ch for ch in exp.chains if ch.per_step]
@@ -168,6 +169,8 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
             "consumer": _end_dict(ch.consumer)} for ch in exp.chains],
         "suggestions": [suggestion_dict(s) for s in suggestions],
     }
+    if exp.notes:  # (an imported torch.profiler trace without Python stacks)
+        data["notes"] = exp.notes
     if dropped is not None:  # (explain --verify)
         data["dropped"] = [suggestion_dict(s) for s in dropped]
     data["not_worth_it"] = [suggestion_dict(s) for s in not_worth_it or []]

@@ -1,0 +1,188 @@
+"""What encloses each runtime call of a torch.profiler (Kineto) trace: the `cpu_op`s around
+it, and the Python frames around it when the profile was recorded with `with_stack=True`;
+and, per stream, which kernel ran just before or after a copy.
+
+Kept apart from core/kineto.py, which maps copies, so that each stays small; both are pure
+functions over the parsed events.
+
+Python frames. torch.profiler writes each Python call as a `python_function` event named
+`file(line): function`, the file trimmed of the `sys.path` entry it lies under
+(`torch/nn/modules/module.py`, `enum.py`, or `train.py` for the script's own folder), and
+`line` the function's first line (its `def`), except for frames already running when the
+profile started, whose line is where they were then. So a site from such a trace names the
+function that made the copy, at its first line, not the line inside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from bisect import bisect_left
+from collections import defaultdict
+from functools import lru_cache
+from typing import Any
+
+from .paths import is_user_file
+from .trace import OpRef, Site
+
+#: "train.py(12): step": a Python frame; builtins ("<built-in method item ...>") and module
+#: markers ("nn.Module: Linear_0") do not match and are not frames of code.
+_FRAME = re.compile(r"^(.+)\((\d+)\): (.+)$")
+#: At most this many frames kept in a copy's stack, innermost first (as the tracer keeps).
+MAX_FRAMES = 8
+#: Trimmed paths of installed libraries are kept under this folder name, so that
+#: paths.is_user_file, which looks for it, tells them from the user's own files.
+LIBRARY_PREFIX = "site-packages"
+
+
+class Enclosing:
+    """For each runtime call (by `id()` of its event): the cpu_ops enclosing it, outermost
+    first, and its Python frames as sites, innermost first (empty without `with_stack`)."""
+
+    __slots__ = ("ops", "frames", "has_python")
+
+    def __init__(self) -> None:
+        self.ops: dict[int, list[dict]] = {}
+        self.frames: dict[int, list[Site]] = {}
+        self.has_python = False
+
+
+def enclosing(events: list[dict]) -> Enclosing:
+    """One sweep per thread over its cpu_op, python_function and cuda_runtime events, sorted
+    by start, longest first, keeping the ops and frames still open at each runtime call."""
+    out = Enclosing()
+    by_tid: dict[Any, list[dict]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "cuda_runtime", "python_function") and e.get("ph") == "X":
+            by_tid[(e.get("pid"), e.get("tid"))].append(e)
+    for evs in by_tid.values():
+        evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+        ops: list[tuple[float, dict]] = []  # (end, event)
+        frames: list[tuple[float, Site | None]] = []  # (end, site or None: not a user's)
+        for e in evs:
+            ts = float(e["ts"])
+            while ops and ops[-1][0] < ts:
+                ops.pop()
+            while frames and frames[-1][0] < ts:
+                frames.pop()
+            cat, end = e["cat"], ts + float(e.get("dur", 0))
+            if cat == "cpu_op":
+                ops.append((end, e))
+            elif cat == "python_function":
+                out.has_python = True
+                frames.append((end, frame_site(e.get("name", ""))))
+            else:
+                key = id(e)
+                out.ops[key] = [op for _, op in ops]
+                if frames:
+                    sites = [s for _, s in reversed(frames) if s is not None]
+                    out.frames[key] = sites[:MAX_FRAMES]
+    return out
+
+
+@lru_cache(maxsize=4096)
+def frame_site(name: str) -> Site | None:
+    """The Site of a python_function event's name, or None for a frame no edit can go in:
+    a builtin, torch's own code, the standard library's, or this package's. An installed
+    library's trimmed path is kept under `site-packages/`, so it is not the user's."""
+    m = _FRAME.match(name)
+    if m is None:
+        return None
+    path, line, function = m.group(1), int(m.group(2)), m.group(3)
+    if path.startswith("<"):
+        return None
+    if os.path.isabs(path):
+        if _internal(path.replace("\\", "/").split("/site-packages/")[-1]):
+            return None
+        return Site(path, line, function)
+    if _internal(path):
+        return None
+    if _installed(_top(path)):
+        path = f"{LIBRARY_PREFIX}/{path}"
+    return Site(path, line, function)
+
+
+def _top(path: str) -> str:
+    first = path.replace("\\", "/").split("/")[0]
+    return first[:-3] if first.endswith(".py") else first
+
+
+def _internal(path: str) -> bool:
+    return _top(path) in ("torch", "memcpy_doctor") or _top(path) in sys.stdlib_module_names
+
+
+@lru_cache(maxsize=1024)
+def _installed(top: str) -> bool:
+    """Whether `top` is a package installed here (under site-packages): a library, not the
+    user's code. Looks the name up without importing it."""
+    if not top.isidentifier():
+        return False
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    origin = (spec.origin or "") if spec is not None else ""
+    places = [origin, *(spec.submodule_search_locations or [])] if spec is not None else []
+    return any(p and not is_user_file(p) for p in places)
+
+
+def user_frame(sites: list[Site]) -> Site | None:
+    """The innermost of `sites` in the user's own code, else the innermost of all (a copy a
+    library made), else None."""
+    for s in sites:
+        if is_user_file(s.file):
+            return s
+    return sites[0] if sites else None
+
+
+class Streams:
+    """Each stream's kernels in start order, to find the one that ran just before a copy
+    (its producer, inferred) or just after one."""
+
+    def __init__(self, events: list[dict]) -> None:
+        by_stream: dict[Any, list[dict]] = defaultdict(list)
+        for e in events:
+            if e.get("cat") == "kernel":
+                by_stream[_stream(e)].append(e)
+        self._kernels = {s: sorted(ks, key=lambda k: float(k["ts"]))
+                         for s, ks in by_stream.items()}
+        self._starts = {s: [float(k["ts"]) for k in ks] for s, ks in self._kernels.items()}
+
+    def before(self, copy: dict) -> dict | None:
+        """The last kernel on `copy`'s stream that started before it."""
+        s = _stream(copy)
+        starts = self._starts.get(s)
+        if not starts:
+            return None
+        i = bisect_left(starts, float(copy["ts"]))
+        return self._kernels[s][i - 1] if i else None
+
+    def after(self, copy: dict) -> dict | None:
+        """The first kernel on `copy`'s stream that started after it."""
+        s = _stream(copy)
+        starts = self._starts.get(s)
+        if not starts:
+            return None
+        i = bisect_left(starts, float(copy["ts"]))
+        return self._kernels[s][i] if i < len(starts) else None
+
+
+def _stream(e: dict) -> Any:
+    args = e.get("args") or {}
+    return (e.get("pid"), args.get("stream", e.get("tid")))
+
+
+def inferred_ref(kernel: dict | None, runtime: dict[Any, dict], found: Enclosing) -> OpRef | None:
+    """The op that launched `kernel` (its innermost cpu_op, through the correlation id), or
+    the kernel's own name when no op is recorded, labelled as inferred: the trace does not
+    say which tensors a kernel read or wrote."""
+    if kernel is None:
+        return None
+    call = runtime.get((kernel.get("args") or {}).get("correlation"))
+    key = id(call) if call is not None else None
+    ops = found.ops.get(key, []) if key is not None else []
+    name = ops[-1].get("name", "") if ops else kernel.get("name", "kernel")[:60]
+    sites = found.frames.get(key, []) if key is not None else []
+    return OpRef(f"{name} (inferred)", "cuda", user_frame(sites))
