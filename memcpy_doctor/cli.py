@@ -340,25 +340,45 @@ def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, conf
 
 
 @cli.command()
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", metavar="FILE", default=calib.DEFAULT_CALIBRATED_PROFILE,
               show_default=True, help="Where to write the measured device profile (JSON).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats (seconds, not a minute).")
 @click.option("--measurements", metavar="FILE", default=None,
               help="Also write the raw measurements (JSON), to fit again or compare later.")
-def calibrate(output: str, quick: bool, measurements: str | None) -> None:
+@click.option("--from-trace", "from_trace", is_flag=True,
+              help="Fit the profile to the copies in torch.profiler TRACES instead of "
+                   "measuring this machine's GPU (no GPU needed).")
+def calibrate(traces: tuple[str, ...], output: str, quick: bool, measurements: str | None,
+              from_trace: bool) -> None:
     """Measure this machine's GPU (copies each way pinned and pageable, launch and sync
     latency, matmul FLOP/s, memory bandwidth) and write a device profile that
-    `profile --device sim --device-profile FILE` uses. Needs a CUDA GPU."""
+    `profile --device sim --device-profile FILE` uses. Needs a CUDA GPU.
+
+    With --from-trace, fit it to the copies, launches and syncs of torch.profiler TRACES
+    (.json or .json.gz, one GPU's) instead (docs/calibrate.md)."""
     import json
     from .core.costmodel import load_profile
+    if traces and not from_trace:
+        raise UsageProblem(f"calibrate: got {traces[0]}: give --from-trace to fit traces")
+    if from_trace and not traces:
+        raise UsageProblem("calibrate --from-trace: give one or more torch.profiler traces")
     for path in (output, measurements):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageProblem(f"{path}: directory {os.path.dirname(path)} does not exist")
     try:
-        measured = calib.measure(quick, lambda msg: click.echo(f"memcpy-doctor: calibrate: "
-                                                              f"{msg}", err=True))
-        base = load_profile(calib.base_profile_name(measured["device"]["name"]))
-        profile = calib.build_profile(measured, base)
+        if from_trace:
+            from .run import calibrate_trace as fit
+            measured = fit.trace_timings(list(traces))
+            base = load_profile(calib.base_profile_name(measured["device"].get("name", "")))
+            profile, fits = fit.fit_trace(measured, base)
+            for line in fit.fit_lines(fits):
+                click.echo(f"memcpy-doctor: calibrate: {line}", err=True)
+        else:
+            measured = calib.measure(quick, lambda msg: click.echo(
+                f"memcpy-doctor: calibrate: {msg}", err=True))
+            base = load_profile(calib.base_profile_name(measured["device"]["name"]))
+            profile = calib.build_profile(measured, base)
     except calib.CalibrationError as e:
         raise UsageProblem(str(e)) from None
     if measurements:
