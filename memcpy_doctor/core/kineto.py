@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections import defaultdict
 from typing import Any
 
@@ -77,7 +78,10 @@ def read_json(path: str) -> Any:
         with open(path, "rb") as f:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError, zlib.error) as e:
+                raise TraceError(f"{path}: a truncated or corrupt .gz file ({e})") from None
         if not raw.strip():
             raise TraceError(f"{path}: empty file")
         return json.loads(raw.decode("utf-8"))
@@ -109,9 +113,14 @@ def _direction(name: str) -> str | None:
 def from_kineto(data: dict, source: str) -> Trace:
     """The memcpy-doctor trace of a parsed torch.profiler trace (see the module docstring)."""
     events = [e for e in data["traceEvents"] if isinstance(e, dict) and "ts" in e]
-    if not any(e.get("cat") in ("cuda_runtime", "gpu_memcpy", "kernel") for e in events):
+    cats = {e.get("cat") for e in events}
+    if not cats & {"cuda_runtime", "gpu_memcpy", "kernel"}:
         raise TraceError(f"{source}: a Chrome or torch.profiler trace with no CUDA activity "
                          "(CPU only, or another accelerator): no copies to read")
+    if not cats & {"gpu_memcpy", "kernel", "gpu_memset"}:
+        raise TraceError(f"{source}: CUDA runtime calls but no device activity (a CUPTI "
+                         "range-profiler trace, or one recorded without "
+                         "ProfilerActivity.CUDA): no copies to read")
     runtime = {e["args"]["correlation"]: e for e in events
                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     found = enclosing(events)
@@ -127,6 +136,7 @@ def from_kineto(data: dict, source: str) -> Trace:
                               for ws in syncs_by_thread.values() for w in ws)
     start = min(float(e["ts"]) for e in events)
     copies: dict[tuple, list] = {}
+    unread: list[str] = []  # gpu_memcpy names this version does not know (HtoH, ROCm's)
     device_in_op: dict[int, int] = defaultdict(int)  # id(cpu_op) -> device ns under it
     for e in events:
         cat, args = e.get("cat"), e.get("args", {})
@@ -138,6 +148,7 @@ def from_kineto(data: dict, source: str) -> Trace:
             continue
         direction = _direction(e.get("name", ""))
         if direction is None:
+            unread.append(e.get("name", ""))
             continue
         pinned = None if direction == "DtoD" else "Pinned" in e["name"]
         host_ns, sync = 0, False
@@ -184,8 +195,11 @@ def from_kineto(data: dict, source: str) -> Trace:
     wait_records = [WaitRecord(k, c, ns, None) for k, (c, ns) in waits.items()]
     rows = _event_rows(events, device_in_op, records, per_call, wait_records)
     end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
-    return Trace(_meta(data, source, found.has_python, sync_calls_recorded),
-                 summarize(_ns(end - start), rows, records), rows, [], records, wait_records)
+    meta = _meta(data, source, found.has_python, sync_calls_recorded)
+    if unread:
+        meta.untraced.append(f"{len(unread)} gpu_memcpy events of a kind this version does "
+                             f"not read (such as {unread[0]!r}; HtoH, or another vendor's)")
+    return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records, wait_records)
 
 
 def _consumer(ops: list[dict], at: int, site: Site | None,
@@ -254,7 +268,7 @@ def load_any(path: str) -> Trace:
     if is_kineto(data):
         try:
             return from_kineto(data, path)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
                              f"({type(e).__name__}: {e})") from None
     try:

@@ -118,7 +118,11 @@ def trace_timings(paths: list[str]) -> dict[str, Any]:
         if not is_kineto(data):
             raise CalibrationError(f"{path}: not a torch.profiler trace (--from-trace reads "
                                    "the Chrome-trace JSON torch.profiler writes)")
-        t = timings(data)
+        try:
+            t = timings(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CalibrationError(f"{path}: a torch.profiler trace this version cannot read "
+                                   f"({type(e).__name__}: {e})") from None
         name, seen = t["device"].get("name"), pooled["device"].get("name")
         if name and seen and name != seen:
             raise CalibrationError(f"{path}: recorded on {name}, the other traces on {seen}: "

@@ -1,0 +1,78 @@
+"""Torch.profiler traces memcpy-doctor cannot read, or only in part: truncated, malformed,
+CPU only, a range profiler's (runtime calls, no device rows), another vendor's copy names.
+Each gets one clear line and exit status 2, or a report that says what was missing; never a
+traceback (the CLI as a subprocess; calibrate --from-trace through its library call)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memcpy_doctor.run.calibrate import CalibrationError
+from memcpy_doctor.run.calibrate_trace import trace_timings
+
+
+def _x(cat: str, name: str, ts: object, dur: object = 5, **args) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": args}
+
+
+GOOD = {"schemaVersion": 1, "traceEvents": [
+    _x("cuda_runtime", "cudaMemcpyAsync", 0, 5, correlation=1),
+    _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 1, 2, correlation=1, bytes=64)]}
+TEXT = json.dumps(GOOD)
+
+#: name -> (file content, what stderr says)
+BAD = {
+    "truncated.json.gz": (gzip.compress(TEXT.encode())[:40], "truncated or corrupt .gz"),
+    "truncated.json": (TEXT[:60].encode(), "not valid JSON"),
+    "empty.json": (b"", "empty file"),
+    "cpu_only.json": (json.dumps({"schemaVersion": 1, "traceEvents": [
+        _x("cpu_op", "aten::add", 0)]}).encode(), "no CUDA activity"),
+    "range_profiler.json": (json.dumps({"schemaVersion": 1, "traceEvents": [
+        _x("cuda_runtime", "cudaMemcpyAsync", 0, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 9, correlation=2)]}).encode(),
+        "CUDA runtime calls but no device activity"),
+    "bad_times.json": (json.dumps({"schemaVersion": 1, "traceEvents": [
+        _x("cuda_runtime", "cudaMemcpyAsync", "soon", correlation=1),
+        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1, 2, correlation=1,
+           bytes=64)]}).encode(), "this version cannot read"),
+    "bad_args.json": (json.dumps({"schemaVersion": 1, "traceEvents": [
+        {**_x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1), "args": [1]}]}).encode(),
+        "this version cannot read"),
+}
+
+
+def _cli(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memcpy_doctor", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_an_unreadable_trace_is_one_line_and_status_2(tmp_path, name):
+    content, message = BAD[name]
+    (tmp_path / name).write_bytes(content)
+    r = _cli("report", name, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout
+    assert r.stderr.startswith(f"memcpy-doctor: error: {name}: ") and message in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+    if name not in ("cpu_only.json", "range_profiler.json"):  # these two just have no copies
+        with pytest.raises(CalibrationError, match=message):
+            trace_timings([str(tmp_path / name)])
+
+
+def test_copies_of_an_unfamiliar_kind_are_named_in_the_report(tmp_path):
+    data = json.loads(TEXT)
+    data["traceEvents"] += [  # a ROCm-style name the reader does not know
+        _x("cuda_runtime", "hipMemcpyWithStream", 10, 5, correlation=2),
+        _x("gpu_memcpy", "CopyHostToDevice", 11, 2, correlation=2, bytes=64)]
+    (tmp_path / "rocm.json").write_text(json.dumps(data))
+    r = _cli("report", "rocm.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert ("1 gpu_memcpy events of a kind this version does not read (such as "
+            "'CopyHostToDevice'; HtoH, or another vendor's)") in r.stdout
