@@ -34,6 +34,7 @@ from .collector import CopyEvent
 from .cuda import CudaTimer, SyncHooks, wait_patches
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .sim.device import SimDevice
+from .sim.session import session_sim
 from .sim.autocast import cuda_autocast
 from .sim.torchlib import serialization, torch_patches
 from .state import TraceState
@@ -115,9 +116,17 @@ class Tracer:
         stack = ExitStack()
         stack.callback(_active.clear)
         try:
-            self.device = resolve_device(self.requested_device)
+            session = session_sim()
+            if session is not None:  # the pytest plugin's session-wide simulated GPU: this
+                # run takes its place until it stops, over the same device tensors
+                self.device = session.resolve(self.requested_device)
+                stack.enter_context(session.paused())
+            else:
+                self.device = resolve_device(self.requested_device)
             if self.device == "sim":
                 sim = SimDevice(lambda s: TraceState(self.profile, s, None, self.log_transfers))
+                if session is not None:
+                    session.share_marks(sim)
                 sim.thread_states = self._thread_states
                 self._sim = sim
                 state = sim.main_state
