@@ -160,7 +160,8 @@ class Timeline:
         return ns
 
     def enqueue(self, launch_ns: int, device_ns: int) -> int:
-        """A kernel or an async copy: the host pays the launch; the device runs it when free."""
+        """A kernel or an async copy: the host pays the launch; the device runs it when free.
+        (The per-op path writes this out for its kernels: tracer/perop.py; keep them alike.)"""
         host = self.host_ns = self.host_ns + launch_ns
         start = self.device_ns
         self.device_ns = (host if host > start else start) + device_ns

@@ -2,8 +2,7 @@
 
 It is the tracer's hot path (docs/benchmarks.md has what each part costs), so it is two
 closures over one run's state, with what stays fixed for the run bound once; an op costs one
-Python call beyond the op itself (the second closure), and a simulated kernel one more (the
-cost model's clock, Timeline.enqueue):
+Python call beyond the op itself (the second closure):
 
 - `dispatcher` guards the op (no eval-frame callback, no torch function handling, nothing
   while the tracer is suspended), then, on the simulated GPU (and for host tensors), runs its
@@ -132,14 +131,12 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
 
 def recorder(state: TraceState) -> Callable[..., None]:
     """The last steps of both per-op paths: `record(...)` records one op that ran on `device`
-    (`dev_in`: which inputs `ins` are there; `host_ns`: measured, on a real GPU only) and
-    returns its aggregate; an op that is itself a copy the host waits for (`item()`'s
-    `_local_scalar_dense`) is recorded as that copy only, and has none (None)."""
+    (`dev_in`: which inputs `ins` are there; `host_ns`: measured, on a real GPU only), returns
+    its aggregate, or None for an op that is itself a copy (`item()`'s `_local_scalar_dense`)."""
     sim, timeline, thread, profile = state.sim, state.timeline, state.thread, state.profile
     launch_ns, kernel_ns, host_cost = profile.launch_ns, profile.kernel_ns, profile.host_ns
-    enqueue, col = (timeline.enqueue if timeline is not None else None), state.collector
+    col, fold_at = state.collector, OpAgg.FOLD_AT
     ops, producers, pending = col.ops, col.producers, col.pending
-    fold_at = OpAgg.FOLD_AT
 
     def record(info: Any, args: tuple, kwargs: dict, ins: Any, out: Any, outs: Any,
                dev_in: Any, any_dev: bool, device: str, site: Any, host_ns: int) -> Any:
@@ -171,8 +168,7 @@ def recorder(state: TraceState) -> Callable[..., None]:
             else:
                 producers.write(outs, producer, False)
                 nbytes = 0
-            # 7. the op's time
-            device_ns = 0
+            device_ns = 0  # 7. the op's time
             if sim is None or device == "cpu" or not kernel:
                 # the host's (a real GPU's device time comes from its events), folded later
                 if timeline is not None:  # simulated: modeled, as the last call's if alike
@@ -195,7 +191,10 @@ def recorder(state: TraceState) -> Callable[..., None]:
                     agg.model_host_ns = host_cost(flops, nbytes)
                 device_ns = agg.model_ns
                 agg.run_ns += agg.model_host_ns  # what it would cost on the host
-                host_ns = enqueue(launch_ns, device_ns)
+                # Timeline.enqueue written out (its call cost 420 instructions an op)
+                host = timeline.host_ns = timeline.host_ns + launch_ns
+                start, host_ns = timeline.device_ns, launch_ns
+                timeline.device_ns = (host if host > start else start) + device_ns
                 kernels = agg.kernel_times  # folded later, as `times`
                 kernels.append(device_ns)
                 if len(kernels) >= fold_at:
