@@ -98,3 +98,31 @@ def test_tensors_inside_list_arguments_are_inputs_and_int_lists_are_not():
             if f.consumer.op in ("aten::cat", "aten::index", "aten::view")}
     assert into == {("aten::mm", "aten::cat"): (2, 128), ("aten::mm", "aten::index"): (1, 64),
                     ("aten::arange", "aten::index"): (1, 16), ("aten::mm", "aten::view"): (1, 64)}
+
+
+def test_copies_of_one_path_are_one_record_though_filed_by_identity():
+    """The collector files a copy path under the ids of its Site and OpRef objects (their
+    hashes run Python code); equal paths made of distinct objects are one record at the end,
+    with the counts of both and the first call's stack and place on the line."""
+    from memcpy_doctor.core.trace import Site
+    from memcpy_doctor.tracer.collector import Collector
+
+    col = Collector()
+
+    def copy(site_obj: Site, producer: OpRef, at_ns: int, end_col: int) -> None:
+        col.copy(direction="DtoH", sync=True, pinned=False, trigger="item", nbytes=4,
+                 host_ns=100, device_ns=10, site=site_obj, stack=[site_obj],
+                 producer=producer, dst=None, shape=[], dtype="float32", at_ns=at_ns,
+                 end_col=end_col)
+
+    site = Site("/w/train.py", 9, "main")
+    sum_at_7 = OpRef("aten::sum", "cuda:0", Site("/w/train.py", 7, "main"))
+    copy(Site("/w/train.py", 9, "main"), sum_at_7, 2000, 30)
+    copy(site, OpRef("aten::sum", "cuda:0", Site("/w/train.py", 7, "main")), 1000, 20)
+    copy(site, OpRef("aten::sum", "cuda:0", Site("/w/train.py", 7, "main")), 3000, 20)
+    copy(site, OpRef("aten::mean", "cuda:0", site), 4000, 20)  # another producer
+    assert len(col.copies) == 4  # filed apart: each OpRef here is a distinct object
+    records = sorted(col.copy_records(), key=lambda c: c.producer.op, reverse=True)
+    assert [(c.producer.op, c.calls, c.bytes, c.host_ns, c.device_ns, c.first_ns, c.last_ns,
+             c.end_col) for c in records] == [("aten::sum", 3, 12, 300, 30, 1000, 3000, 20),
+                                              ("aten::mean", 1, 4, 100, 10, 4000, 4000, 20)]

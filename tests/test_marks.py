@@ -69,7 +69,13 @@ def test_a_view_shares_its_storage_mark(marks_type):
     assert table.allocated == 0 and not table.refs
 
 
+def _instances(cls: type) -> int:
+    gc.collect()
+    return sum(type(o) is cls for o in gc.get_objects())
+
+
 def test_no_storage_is_kept_alive_and_the_table_is_collected(marks_type):
+    before = _instances(marks_type)
     table = marks_type()
     a = torch.zeros(4)
     storage = a.untyped_storage()
@@ -80,9 +86,9 @@ def test_no_storage_is_kept_alive_and_the_table_is_collected(marks_type):
     assert alive() is None and table.allocated == 0
     b = torch.zeros(4)
     table.add(b.untyped_storage())
+    assert _instances(marks_type) == before + 1
     del table  # a storage that outlives its table frees without a callback into it
-    gc.collect()
-    assert not any(type(o) is marks_type for o in gc.get_objects())
+    assert _instances(marks_type) == before
     del b
     gc.collect()
 

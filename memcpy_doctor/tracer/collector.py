@@ -129,11 +129,16 @@ class OpAgg:
 
 
 class CopyAgg:
-    __slots__ = ("calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype",
+    """One copy path being filled. `path` is what it is a path of: (direction, sync, pinned,
+    trigger, site, producer, thread, consumer); the collector files it under the ids of those
+    objects (hashing a Site or an OpRef runs Python code) and merges equal paths at the end."""
+
+    __slots__ = ("path", "calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype",
                  "first_ns", "last_ns", "end_col")
 
-    def __init__(self, stack: list[Site], shape: list[int] | None, dtype: str | None,
-                 at_ns: int, end_col: int | None) -> None:
+    def __init__(self, path: tuple, stack: list[Site], shape: list[int] | None,
+                 dtype: str | None, at_ns: int, end_col: int | None) -> None:
+        self.path = path
         self.first_ns = self.last_ns = at_ns  # when its first and last calls were made
         self.end_col = end_col  # where the call that made it ends on its site's line
         self.calls = 0
@@ -145,18 +150,33 @@ class CopyAgg:
         self.dtype = dtype
 
 
+    def merged(self, other: CopyAgg) -> CopyAgg:
+        """A new aggregate of this path's calls and `other`'s (the same path): the first
+        call's stack, shape and place on the line, and both's counts."""
+        first = self if self.first_ns <= other.first_ns else other
+        out = CopyAgg(self.path, first.stack, first.shape, first.dtype, first.first_ns,
+                      first.end_col)
+        out.last_ns = max(self.last_ns, other.last_ns)
+        out.calls = self.calls + other.calls
+        out.bytes = self.bytes + other.bytes
+        out.host_ns = self.host_ns + other.host_ns
+        out.device_ns = self.device_ns + other.device_ns
+        return out
+
+
 class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
-    __slots__ = ("key", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype", "agg",
-                 "event", "holders", "logged", "chrome_event", "at_ns", "end_col")
+    __slots__ = ("key", "path", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype",
+                 "agg", "event", "holders", "logged", "chrome_event", "at_ns", "end_col")
 
-    def __init__(self, key: tuple, nbytes: int, host_ns: int, device_ns: int,
+    def __init__(self, key: tuple, path: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
                  event: EventAgg, at_ns: int, end_col: int | None = None) -> None:
         self.at_ns = at_ns  # when it was made (the host's clock from the run's start)
         self.end_col = end_col
-        self.key = key
+        self.key = key  # the path's key: its objects by id (see CopyAgg)
+        self.path = path  # (direction, sync, pinned, trigger, site, producer, thread)
         self.nbytes = nbytes
         self.host_ns = host_ns
         self.device_ns = device_ns
@@ -207,6 +227,7 @@ class Collector:
         self.op_events: dict[str, EventAgg] = {}  # the rows folded from `ops` at the end
         #: by (op name, device, id of the interned Site, thread or None)
         self.ops: dict[tuple[str, str, int, str | None], OpAgg] = {}
+        #: by the ids of the path's objects (see CopyAgg); merged by value in copy_records
         self.copies: dict[tuple, CopyAgg] = {}
         self.waits: dict[tuple[str, Site | None, str | None], list[int]] = {}
         self.transfers: list[TransferRecord] = []
@@ -269,16 +290,19 @@ class Collector:
                              dtype)
             for listener in list(self.listeners):
                 listener(note)
-        event = self.events.get(copy_event_name(direction, sync))
+        name = copy_event_name(direction, sync)
+        event = self.events.get(name)
         if event is None:
-            event = self.events[copy_event_name(direction, sync)] = EventAgg()
+            event = self.events[name] = EventAgg()
         event.add(host_ns, device_ns)
-        key = (direction, sync, pinned, trigger, site, producer, thread)
-        pending = PendingCopy(key, nbytes, host_ns, device_ns, stack, shape, dtype, event,
-                              at_ns, end_col)
+        # the objects that live as long as the run, by id: equal values are merged at the end
+        key = (direction, sync, pinned, trigger, id(site), id(producer), thread)
+        pending = PendingCopy(key, (direction, sync, pinned, trigger, site, producer, thread),
+                              nbytes, host_ns, device_ns, stack, shape, dtype, event, at_ns,
+                              end_col)
         if self.chrome is not None:
             pending.chrome_event = self.chrome.add(
-                "memcpy", copy_event_name(direction, sync), host_ns, device_ns,
+                "memcpy", name, host_ns, device_ns,
                 {"bytes": nbytes, "trigger": trigger, "site": str(site)})
             if producer is not None:
                 self.chrome.flow(self.chrome.last_of.get(id(producer)), pending.chrome_event)
@@ -345,10 +369,11 @@ class Collector:
             p.logged.consumer = consumer
         if self.chrome is not None and consumer is not None:
             self.chrome.flow(p.chrome_event, self.chrome.last_of.get(id(consumer)))
-        key = p.key + (consumer,)
+        key = p.key + (id(consumer),)
         agg = self.copies.get(key)
-        if agg is None:
-            agg = self.copies[key] = CopyAgg(p.stack, p.shape, p.dtype, p.at_ns, p.end_col)
+        if agg is None:  # (the CopyAgg keeps the path's objects, and so their ids, alive)
+            agg = self.copies[key] = CopyAgg(p.path + (consumer,), p.stack, p.shape, p.dtype,
+                                             p.at_ns, p.end_col)
         agg.last_ns = p.at_ns
         agg.calls += 1
         agg.bytes += p.nbytes
@@ -408,9 +433,14 @@ class Collector:
                 for c in self.ops.values() for p, (reads, nbytes) in c.flows_in.items()]
 
     def copy_records(self) -> list[CopyRecord]:
+        paths: dict[tuple, CopyAgg] = {}  # equal paths filed apart (equal, distinct objects)
+        for a in self.copies.values():
+            into = paths.setdefault(a.path, a)
+            if into is not a:
+                into = paths[a.path] = into.merged(a)
         out = []
         for (direction, sync, pinned, trigger, site, producer, thread, consumer), a in \
-                self.copies.items():
+                paths.items():
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,
                                   a.shape, a.dtype, thread, a.first_ns, a.last_ns,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from itertools import islice
 from types import CodeType, FrameType
 from typing import Any
 
@@ -182,9 +183,8 @@ def _end_column(frame: FrameType) -> int | None:
     """Where, on its line, the expression the frame is evaluating (a call) ends: tells two
     calls on one line apart. Python 3.11's code positions, one per 2-byte code unit."""
     try:
-        for i, position in enumerate(frame.f_code.co_positions()):
-            if i == frame.f_lasti // 2:  # (a call over several lines: no column)
-                return position[3] if position[1] == position[0] else None
-    except (AttributeError, ValueError):
+        for position in islice(frame.f_code.co_positions(), frame.f_lasti // 2, None):
+            return position[3] if position[1] == position[0] else None  # (over several
+    except (AttributeError, ValueError):  # lines: no column)
         pass
     return None

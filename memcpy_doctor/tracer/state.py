@@ -225,7 +225,8 @@ class TraceState:
             host_ns=host_ns, device_ns=device_ns, site=site, stack=stack, end_col=end_col,
             producer=col.producer_of(src) if src is not None else None, dst=dst,
             shape=list(described.shape), dtype=str(described.dtype).replace("torch.", ""),
-            thread=self.thread, at_ns=self.clock_ns())
+            thread=self.thread,
+            at_ns=self.timeline.host_ns if self.timeline is not None else self.clock_ns())
 
     def clock_ns(self) -> int:
         """The host's clock from the run's start: modeled on the simulated GPU, else wall."""
