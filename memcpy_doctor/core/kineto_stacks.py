@@ -39,19 +39,39 @@ LIBRARY_PREFIX = "site-packages"
 
 class Enclosing:
     """For each runtime call (by `id()` of its event): the cpu_ops enclosing it, outermost
-    first, and its Python frames as sites, innermost first (empty without `with_stack`)."""
+    first, and its Python frames as sites, innermost first (empty without `with_stack`).
+    With `op_frames`, also each cpu_op's frames (`op_sites`), for the ops an execution trace
+    names as producers (core/kineto_et.py)."""
 
-    __slots__ = ("ops", "frames", "has_python")
+    __slots__ = ("ops", "frames", "has_python", "_op_chains")
 
     def __init__(self) -> None:
         self.ops: dict[int, list[dict]] = {}
         self.frames: dict[int, list[Site]] = {}
         self.has_python = False
+        #: id(cpu_op) -> the innermost user-visible frame open at its start, as a chain
+        #: (site, chain of the frames around it): one shared tuple per frame, not a list per op
+        self._op_chains: dict[int, tuple | None] = {}
+
+    def op_sites(self, op: dict) -> list[Site]:
+        """The Python frames (sites) open when the cpu_op `op` started, innermost first; empty
+        when not known (no `with_stack`, or `enclosing` was not asked for op frames)."""
+        return _sites(self._op_chains.get(id(op)))
 
 
-def enclosing(events: list[dict]) -> Enclosing:
+def _sites(chain: tuple | None) -> list[Site]:
+    """The sites of a chain of frames, innermost first, at most MAX_FRAMES."""
+    sites: list[Site] = []
+    while chain is not None and len(sites) < MAX_FRAMES:
+        sites.append(chain[0])
+        chain = chain[1]
+    return sites
+
+
+def enclosing(events: list[dict], op_frames: bool = False) -> Enclosing:
     """One sweep per thread over its cpu_op, python_function and cuda_runtime events, sorted
-    by start, longest first, keeping the ops and frames still open at each runtime call."""
+    by start, longest first, keeping the ops and frames still open at each runtime call (and
+    with `op_frames`, at each cpu_op)."""
     out = Enclosing()
     by_tid: dict[Any, list[dict]] = defaultdict(list)
     for e in events:
@@ -60,7 +80,9 @@ def enclosing(events: list[dict]) -> Enclosing:
     for evs in by_tid.values():
         evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
         ops: list[tuple[float, dict]] = []  # (end, event)
-        frames: list[tuple[float, Site | None]] = []  # (end, site or None: not a user's)
+        # (end, the frames open there as a chain of sites: (innermost, chain of the rest));
+        # a frame that is not a user's (frame_site None) adds nothing to the chain
+        frames: list[tuple[float, tuple | None]] = []
         for e in evs:
             ts = float(e["ts"])
             while ops and ops[-1][0] < ts:
@@ -70,15 +92,18 @@ def enclosing(events: list[dict]) -> Enclosing:
             cat, end = e["cat"], ts + float(e.get("dur", 0))
             if cat == "cpu_op":
                 ops.append((end, e))
+                if op_frames and frames:
+                    out._op_chains[id(e)] = frames[-1][1]
             elif cat == "python_function":
                 out.has_python = True
-                frames.append((end, frame_site(e.get("name", ""))))
+                site = frame_site(e.get("name", ""))
+                chain = frames[-1][1] if frames else None
+                frames.append((end, (site, chain) if site is not None else chain))
             else:
                 key = id(e)
                 out.ops[key] = [op for _, op in ops]
                 if frames:
-                    sites = [s for _, s in reversed(frames) if s is not None]
-                    out.frames[key] = sites[:MAX_FRAMES]
+                    out.frames[key] = _sites(frames[-1][1])
     return out
 
 
