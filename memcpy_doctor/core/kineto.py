@@ -19,9 +19,12 @@ What maps, and from where (docs/kineto.md has the table):
   with `with_stack=True`; a frame names its function's first line, not the line in it;
 - producer and consumer, inferred: the op whose kernel ran last on the copy's stream before
   it (device data), and the op around the trigger (`aten::index` around `aten::nonzero`) or,
-  for an upload, the op whose kernel ran next on the stream.
-Not mapped: exact producers (an ExecutionTraceObserver file's tensor ids), one trace per rank
-of a file holding several ranks (torch.profiler writes one file per rank).
+  for an upload, the op whose kernel ran next on the stream;
+- producer and consumer, exact (kineto_et.py): given an execution trace of the same run, the
+  op that wrote the copied tensor and the op that read the copy, by tensor ids; the copies
+  it does not cover keep the inferred ones.
+Not mapped: one trace per rank of a file holding several ranks (torch.profiler writes one
+file per rank).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
+from .kineto_et import EtJoin, ExecutionTrace, parse_execution_trace
 from .kineto_stacks import Streams, enclosing, inferred_ref
 from .summary import summarize
 from .trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
@@ -72,8 +76,9 @@ def is_kineto(data: Any) -> bool:
             and "schema_version" not in data)
 
 
-def read_json(path: str) -> Any:
-    """A `.json` or gzip-compressed JSON file, parsed; TraceError when it cannot be."""
+def read_json(path: str, what: str = "a trace") -> Any:
+    """A `.json` or gzip-compressed JSON file, parsed; TraceError when it cannot be (`what`
+    names what it should have been)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -88,7 +93,13 @@ def read_json(path: str) -> Any:
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
     except (ValueError, EOFError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: not a trace (not valid JSON: {e})") from None
+        raise TraceError(f"{path}: not {what} (not valid JSON: {e})") from None
+
+
+def read_execution_trace(path: str) -> ExecutionTrace:
+    """The execution trace (ExecutionTraceObserver's `.json` or `.json.gz`) at `path`;
+    TraceError, one line, when it cannot be read, is not one, or holds no tensor ids."""
+    return parse_execution_trace(read_json(path, "an execution trace"), path)
 
 
 def _ns(us: Any) -> int:
@@ -110,8 +121,17 @@ def _direction(name: str) -> str | None:
     return next((d for k, d in _KINDS.items() if k in name), None)
 
 
-def from_kineto(data: dict, source: str) -> Trace:
-    """The memcpy-doctor trace of a parsed torch.profiler trace (see the module docstring)."""
+def kineto_pid(data: dict) -> int | None:
+    """The process a torch.profiler trace recorded: the pid most of its cpu_ops have."""
+    pids = Counter(e.get("pid") for e in data.get("traceEvents", [])
+                   if isinstance(e, dict) and e.get("cat") == "cpu_op")
+    pid = pids.most_common(1)[0][0] if pids else None
+    return pid if type(pid) is int else None
+
+
+def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Trace:
+    """The memcpy-doctor trace of a parsed torch.profiler trace (see the module docstring);
+    with `et`, an execution trace of the same run, producers and consumers by data flow."""
     events = [e for e in data["traceEvents"] if isinstance(e, dict) and "ts" in e]
     cats = {e.get("cat") for e in events}
     if not cats & {"cuda_runtime", "gpu_memcpy", "kernel"}:
@@ -123,7 +143,8 @@ def from_kineto(data: dict, source: str) -> Trace:
                          "ProfilerActivity.CUDA): no copies to read")
     runtime = {e["args"]["correlation"]: e for e in events
                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    found = enclosing(events)
+    found = enclosing(events, op_frames=et is not None)
+    flow = EtJoin(et, events, found, source) if et is not None else None
     streams = Streams(events)
     syncs_by_thread: dict[Any, list[dict]] = defaultdict(list)
     for e in events:
@@ -168,6 +189,9 @@ def from_kineto(data: dict, source: str) -> Trace:
                     if direction != "HtoD" else None)
         consumer = _consumer(ops, at, site, device_in_op) if at > 0 else (
             inferred_ref(streams.after(e), runtime, found) if direction != "DtoH" else None)
+        exact = flow.ends(ops, at, direction) if flow is not None else None
+        if exact is not None:  # by data flow, where the execution trace shows it
+            producer, consumer = exact[0] or producer, exact[1] or consumer
         key = (direction, sync, pinned, trigger, site, tuple(sites), producer, consumer)
         entry = copies.setdefault(key, [0, 0, 0, 0, [], None, None])
         device_ns = _ns(e.get("dur", 0))
@@ -196,10 +220,28 @@ def from_kineto(data: dict, source: str) -> Trace:
     rows = _event_rows(events, device_in_op, records, per_call, wait_records)
     end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
     meta = _meta(data, source, found.has_python, sync_calls_recorded)
+    if flow is not None:
+        meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
+                                   et.source)
     if unread:
         meta.untraced.append(f"{len(unread)} gpu_memcpy events of a kind this version does "
                              f"not read (such as {unread[0]!r}; HtoH, or another vendor's)")
     return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records, wait_records)
+
+
+def et_note(joined: int, linked: int, copies: int, et_source: str) -> str:
+    """The report's note on where producers came from, given an execution trace: `joined`
+    copies have theirs from it, `linked` are in it (their op and the tensor they copied)."""
+    unwritten, outside = linked - joined, copies - linked
+    return (f"producers of {joined} of {copies} copies read from the execution trace "
+            f"{et_source} by tensor ids"
+            + (f"; {unwritten} more are in it, but not the op that wrote their data (data "
+               "from Python, or made before it started)" if unwritten else "")
+            + (f"; {outside} are not in it" if outside else "")
+            + ("; those keep inferred producers (the kernel that ran before the copy on its "
+               "stream; none for an upload)" if unwritten or outside else "")
+            + "; consumers read from it where it shows an op reading the copy, else inferred "
+            "(the op around the trigger, or the next kernel on the stream)")
 
 
 def _consumer(ops: list[dict], at: int, site: Site | None,
@@ -262,16 +304,25 @@ def _event_rows(events: list[dict], device_in_op: dict[int, int], copies: list[C
     return out
 
 
-def load_any(path: str) -> Trace:
-    """A memcpy-doctor trace, or a torch.profiler trace read as one; TraceError otherwise."""
+def load_any(path: str, et: ExecutionTrace | None = None) -> Trace:
+    """A memcpy-doctor trace, or a torch.profiler trace read as one (with `et`, an execution
+    trace of its run, joined to it); TraceError otherwise."""
     data = read_json(path)
     if is_kineto(data):
-        try:
-            return from_kineto(data, path)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
-                             f"({type(e).__name__}: {e})") from None
+        return kineto_trace(data, path, et)
+    if et is not None:
+        raise TraceError(f"{path}: a memcpy-doctor trace: an execution trace goes with a "
+                         "torch.profiler trace")
     try:
         return Trace.from_dict(data)
     except TraceError as e:
         raise TraceError(f"{path}: {e}") from None
+
+
+def kineto_trace(data: dict, path: str, et: ExecutionTrace | None = None) -> Trace:
+    """from_kineto, with what a malformed event raises turned into one TraceError line."""
+    try:
+        return from_kineto(data, path, et)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
+                         f"({type(e).__name__}: {e})") from None

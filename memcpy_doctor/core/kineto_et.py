@@ -1,0 +1,295 @@
+"""Exact producers and consumers for the copies of a torch.profiler (Kineto) trace, from an
+execution trace of the same run (`torch.profiler.ExecutionTraceObserver`'s JSON, "ET").
+
+A Kineto trace says which kernel ran before a copy on its stream, not which tensor the copy
+read, so core/kineto.py can only guess a copy's producer. The ET records every op's input and
+output tensors by id; joined to the Kineto trace, it says which op made the copied data:
+
+- the join: each ET node's `rf_id` attribute is the RecordFunction handle, which the Kineto
+  trace writes on its `cpu_op` events as `args["Record function id"]` (PyTorch's
+  execution_trace_observer.cpp writes `fn.handle()`; HTA's `correlate_execution_trace` and
+  Chakra's trace linker join on the same ids). A Kineto trace recorded without an ET has 0
+  there, older ones nothing;
+- a tensor in the ET is `[tensor_id, storage_id, offset, numel, itemsize, device]`, in a node's
+  `inputs`/`outputs` (`values` beside `types` from schema 1.0.2-chakra.0.0.4 on; `inputs`
+  beside `input_types` in 1.0.1), also inside `GenericList[...]` and `Tuple[...]` values.
+  Ids are given per object address, so a freed storage's id comes back for the next storage
+  at that address; node ids are given as ops start, so they order the accesses;
+- the copied tensor: an input of the op that made the copy (the innermost op around it that
+  has one on the copy's source side; `aten::copy_`'s `src`), read through its storage id, so a
+  view (`y[0].item()`) meets the op that wrote its base;
+- the producer: the op that last wrote that storage before the copy's op started: an output
+  whose storage no input has (a new result), or one an op changes in place (`(a!)` in its
+  schema, else a name ending in `_`); a view's output is not a write. It is named as the
+  outermost op around the writer the user called (`aten::matmul`, not its `aten::mm`), short
+  of the ops around the copy itself (inside `aten::allclose`, its `aten::all`);
+- the consumer: the op that first read the copy's output (the trigger op's output on the
+  destination side; none for `item()`, whose output is a Python number) after the copy's op,
+  named the same way (up to the outermost op), or none when the storage was next allocated
+  anew.
+
+Pure: parsed JSON in, OpRefs out; errors a user can cause are TraceError with one line.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import Counter
+from typing import Any
+
+from .kineto_stacks import Enclosing, user_frame
+from .trace import OpRef, TraceError
+
+#: A tensor in an ET: (tensor id, storage id, on the host).
+Tensor = tuple[int, int, bool]
+_SIDE_HOST = {"HtoD": True, "DtoH": False, "DtoD": False}  # where a copy's source is
+
+
+class EtNode:
+    """One op (or label: a record_function range, a thread) of an execution trace."""
+
+    __slots__ = ("id", "name", "parent", "rf", "is_op", "ins", "outs")
+
+    def __init__(self, id: int, name: str, parent: int, rf: int, is_op: bool,
+                 ins: list[Tensor], outs: list[Tensor]) -> None:
+        self.id, self.name, self.parent, self.rf, self.is_op = id, name, parent, rf, is_op
+        self.ins, self.outs = ins, outs
+
+
+class ExecutionTrace:
+    """An execution trace read for joining: its nodes by id and by rf_id, and each storage's
+    accesses in the order the ops started (writes; and reads or writes, for consumers)."""
+
+    def __init__(self, source: str, schema: str, pid: int | None, nodes: list[EtNode],
+                 writes: dict[int, list[int]], touches: dict[int, list[tuple[int, bool]]]):
+        self.source, self.schema, self.pid = source, schema, pid
+        self.nodes = {n.id: n for n in nodes}
+        self.by_rf = {n.rf: n for n in nodes if n.rf > 0}
+        self._writes = writes  # storage id -> ids of the nodes that wrote it, ascending
+        self._touches = touches  # storage id -> (node id, read it), ascending
+        self._touch_ids = {s: [i for i, _ in t] for s, t in touches.items()}
+
+    def ancestors(self, node: EtNode) -> list[EtNode]:
+        """The nodes around `node`, innermost first, up to (not including) the root."""
+        out: list[EtNode] = []
+        cur = node
+        while len(out) <= len(self.nodes):  # a malformed ET's cycle ends here
+            parent = self.nodes.get(cur.parent)
+            if parent is None or parent is cur:
+                break
+            out.append(parent)
+            cur = parent
+        return out
+
+    def outermost_op(self, node: EtNode, stop: set[int] = frozenset()) -> EtNode:
+        """The outermost op around `node` reached through ops only (a record_function
+        label or a thread ends the walk), not entering the nodes in `stop`."""
+        top = node
+        for parent in self.ancestors(node):
+            if not parent.is_op or parent.id in stop:
+                break
+            top = parent
+        return top
+
+    def producer(self, reader: EtNode, storage: int) -> EtNode | None:
+        """The op that last wrote `storage` before `reader` started, as the outermost op
+        around it that is not around `reader` too; None when the ET shows no such write."""
+        ids = self._writes.get(storage)
+        if not ids:
+            return None
+        around = {a.id for a in self.ancestors(reader)}
+        for j in range(bisect_left(ids, reader.id) - 1, -1, -1):
+            if ids[j] not in around:
+                return self.outermost_op(self.nodes[ids[j]], around)
+        return None
+
+    def consumer(self, op: EtNode, storage: int) -> EtNode | None:
+        """The outermost op around the first op outside `op` to read `storage` after `op`
+        started; None when no op read it before it was allocated anew (or at all)."""
+        touches = self._touches.get(storage)
+        if not touches:
+            return None
+        for nid, read in touches[bisect_right(self._touch_ids[storage], op.id):]:
+            node = self.nodes[nid]
+            if op in self.ancestors(node):
+                continue  # the copy's own op and those inside it
+            return self.outermost_op(node) if read else None
+        return None
+
+
+def parse_execution_trace(data: Any, source: str) -> ExecutionTrace:
+    """An ExecutionTrace from the parsed JSON of an ExecutionTraceObserver file; TraceError,
+    one line, when it is not an ET, or holds no tensor ids (kineto.read_execution_trace
+    reads the file)."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise TraceError(f"{source}: not an execution trace (no `nodes` list; record one with "
+                         "torch.profiler.ExecutionTraceObserver)")
+    schema = str(data.get("schema", "?"))
+    pid = data.get("pid") if type(data.get("pid")) is int else None
+    found = Counter()  # "ids": tensors with ids, "bare": tensors without
+    try:
+        nodes = [_node(n, found) for n in data["nodes"]]
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise TraceError(f"{source}: an execution trace (schema {schema}) this version cannot "
+                         f"read ({type(e).__name__}: {e})") from None
+    if not found["ids"]:
+        why = ("its tensors are not [tensor_id, storage_id, offset, numel, itemsize, device]"
+               if found["bare"] else "no op in it has a tensor")
+        raise TraceError(f"{source}: an execution trace (schema {schema}) without tensor ids "
+                         f"({why}): no producers can be read from it")
+    writes: dict[int, list[int]] = {}
+    touches: dict[int, list[tuple[int, bool]]] = {}
+    for n, mutates in sorted(nodes, key=lambda nm: nm[0].id):
+        read = {s for _, s, _ in n.ins}
+        for s in read:
+            touches.setdefault(s, []).append((n.id, True))
+        mine = {t for t, _, _ in n.ins}
+        for t, s, _ in n.outs:
+            if s not in read:  # a new result, in a storage no input has
+                writes.setdefault(s, []).append(n.id)
+                touches.setdefault(s, []).append((n.id, False))
+            elif t in mine and mutates:  # changed in place (copy_, add_, out=)
+                writes.setdefault(s, []).append(n.id)
+    return ExecutionTrace(source, schema, pid, [n for n, _ in nodes], writes, touches)
+
+
+def _node(x: dict, found: Counter) -> tuple[EtNode, bool]:
+    """One node, of either layout: schema 1.0.2-chakra.0.0.4 and later (`ctrl_deps`, `inputs`
+    as {values, shapes, types}, `attrs`), or 1.0.1 (`parent`, flat fields); and whether it
+    changes an input in place (`(a!)` in its schema; without one, a name such as add_)."""
+    if isinstance(x.get("inputs"), dict):
+        attrs = {a["name"]: a.get("value") for a in x.get("attrs", [])}
+        parent, ins, outs = x["ctrl_deps"], x["inputs"], x["outputs"]
+        ins = _tensors(ins["values"], ins["types"], found)
+        outs = _tensors(outs["values"], outs["types"], found)
+    else:
+        attrs, parent = x, x["parent"]
+        ins = _tensors(x.get("inputs", []), x.get("input_types", []), found)
+        outs = _tensors(x.get("outputs", []), x.get("output_types", []), found)
+    name, schema, rf = str(x["name"]), attrs.get("op_schema"), attrs.get("rf_id")
+    has_schema = isinstance(schema, str) and bool(schema)
+    node = EtNode(int(x["id"]), name, int(parent), rf if type(rf) is int else 0,
+                  has_schema if isinstance(schema, str) else "::" in name, ins, outs)
+    mutates = "!" in schema if has_schema else name.endswith("_") and not name.endswith("__")
+    return node, mutates
+
+
+def _tensors(values: Any, types: Any, found: Counter) -> list[Tensor]:
+    """The tensors among a node's values, with their types beside them."""
+    out: list[Tensor] = []
+    for value, kind in zip(values, types):
+        _collect(value, kind, out, found)
+    return out
+
+
+def _collect(value: Any, kind: Any, out: list[Tensor], found: Counter) -> None:
+    if not isinstance(kind, str):
+        return
+    if kind.startswith("Tensor"):
+        if (isinstance(value, list) and len(value) == 6 and isinstance(value[5], str)
+                and all(type(v) is int for v in value[:5])):
+            found["ids"] += 1
+            if value[1]:  # storage 0: a tensor without storage
+                out.append((value[0], value[1], value[5].startswith("cpu")))
+        else:
+            found["bare"] += 1
+    elif kind.startswith(("GenericList[", "Tuple[")) and isinstance(value, list):
+        for v, k in zip(value, _split(kind[kind.index("[") + 1:-1])):
+            _collect(v, k, out, found)
+
+
+def _split(inner: str) -> list[str]:
+    """"Tensor(float),GenericList[Int,Int]" -> its element types, split at the top level."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(inner):
+        if c in "[(":
+            depth += 1
+        elif c in "])":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    return parts + [inner[start:]]
+
+
+class EtJoin:
+    """An ET joined to one Kineto trace: per copy, its producer and consumer by data flow.
+
+    TraceError when the two are not of the same run: the Kineto trace has no record function
+    ids (recorded without an ExecutionTraceObserver), or they name different ops."""
+
+    def __init__(self, et: ExecutionTrace, events: list[dict], found: Enclosing,
+                 source: str) -> None:
+        self.et, self.found = et, found
+        self.ops: dict[int, dict] = {}  # rf_id -> the Kineto cpu_op, where the ET has it
+        ids = same = differ = 0
+        for e in events:
+            if e.get("cat") != "cpu_op":
+                continue
+            rf = (e.get("args") or {}).get("Record function id")
+            if type(rf) is not int or rf <= 0:
+                continue
+            ids += 1
+            node = et.by_rf.get(rf)
+            if node is not None and node.name == e.get("name"):
+                same += 1
+                self.ops[rf] = e
+            elif node is not None:
+                differ += 1
+        if not ids:  # PyTorch numbers RecordFunctions only while an ET observer is on
+            raise TraceError(f"{source}: its ops carry no record function ids, so it cannot be "
+                             f"joined to {et.source} (it was recorded without an "
+                             "ExecutionTraceObserver: pass one to torch.profiler.profile)")
+        if not same or differ > same:
+            raise TraceError(f"{et.source}: not of the same run as {source} (of the {ids} "
+                             f"record function ids on {source}'s ops, {same} are the same op "
+                             f"in {et.source}, {differ} another op, {ids - same - differ} "
+                             "not there)")
+        self.linked = 0  # copies whose op the ET has, with the tensor they copied
+        self.joined = 0  # ... and whose producer came from the ET
+
+    def ends(self, ops: list[dict], at: int, direction: str) -> tuple[OpRef | None,
+                                                                     OpRef | None] | None:
+        """(producer, consumer) of a copy made inside `ops` (the cpu_ops around its runtime
+        call, outermost first; `at`: its trigger's index), by data flow; either is None
+        where the ET does not show it. None when the copy's ops are not in the ET."""
+        if at < 0:
+            return None
+        src = None
+        for op in reversed(ops[at:]):  # the innermost op that has the source as an input
+            node = self._node(op)
+            if node is not None:
+                src = _source(node, _SIDE_HOST[direction])
+                if src is not None:
+                    break
+        if src is None:
+            return None
+        self.linked += 1
+        made = self.et.producer(node, src[1])
+        producer = self._ref(made, src[2]) if made is not None else None
+        self.joined += producer is not None
+        consumer = None
+        trigger = self._node(ops[at])
+        dst = next((t for t in trigger.outs if t[2] == (direction == "DtoH")),
+                   None) if trigger is not None else None
+        if dst is not None:
+            read = self.et.consumer(trigger, dst[1])
+            consumer = self._ref(read, dst[2]) if read is not None else None
+        return producer, consumer
+
+    def _node(self, op: dict) -> EtNode | None:
+        rf = (op.get("args") or {}).get("Record function id")
+        return self.et.by_rf.get(rf) if rf in self.ops else None
+
+    def _ref(self, node: EtNode, host: bool) -> OpRef:
+        op = self.ops.get(node.rf)
+        site = user_frame(self.found.op_sites(op)) if op is not None else None
+        return OpRef(node.name, "cpu" if host else "cuda", site)
+
+
+def _source(node: EtNode, host: bool) -> Tensor | None:
+    """The tensor a copy made in `node` read: `src` of a copy_, else the first input on the
+    copy's source side (the host for an upload, the device otherwise)."""
+    if node.name.endswith("::copy_"):
+        return node.ins[1] if len(node.ins) > 1 else None
+    return next((t for t in node.ins if t[2] == host), None)
