@@ -41,7 +41,7 @@ from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_prof
 from .run.ranks import diff_traces, explain_traces, profile_ranks
 from .run.rankenv import rank_path
 from .run.runner import RunResult, format_exception
-from .run.traces import InputError, load_trace, load_traces, write_text
+from .run.traces import InputError, load_all, load_traces, write_text
 from .run.verify import verify
 
 
@@ -100,6 +100,16 @@ def _gate_config(limits, tolerances, allow, baseline, config_path) -> GateConfig
                      baseline)
     except GateError as e:
         raise UsageProblem(str(e)) from None
+
+
+def _et_option(f):
+    """--execution-trace, for the commands that read torch.profiler traces."""
+    return click.option(
+        "--execution-trace", "execution_traces", metavar="ET.json", multiple=True,
+        type=click.Path(dir_okay=False),
+        help="An ExecutionTraceObserver file of the same run as a torch.profiler TRACE: "
+             "producers by tensor ids, not inferred. One per such TRACE (paired by process "
+             "id, else in order); repeatable.")(f)
 
 
 def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
@@ -219,12 +229,13 @@ def _profile_ranks(plan: ProfilePlan, n: int) -> int:
 @click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
               show_default=True, help="Event Summary order.")
-def report(traces: tuple[str, ...], sort: str) -> None:
+@_et_option
+def report(traces: tuple[str, ...], sort: str, execution_traces: tuple[str, ...]) -> None:
     """Print the Profiling Report of saved TRACES (default: the one `profile` last wrote
     here, or its rank traces); runs nothing. Several traces: one report each, in rank
     order."""
     with _usage_errors():
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,))
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
     click.echo(render_reports(loaded, names, sort))
 
 
@@ -243,8 +254,10 @@ def report(traces: tuple[str, ...], sort: str) -> None:
                    "a time, and mark each verified or not; drop those that made it worse.")
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default=DEFAULT_DEVICE,
               show_default=True, help="With --verify: the device its runs use.")
+@_et_option
 def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | None,
-            verify_script: str | None, device: str) -> None:
+            verify_script: str | None, device: str,
+            execution_traces: tuple[str, ...]) -> None:
     """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
     last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
     them, largest saving first. Runs nothing and needs no GPU.
@@ -255,11 +268,14 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
     with _usage_errors():
         cwd = os.getcwd()
         if verify_script is not None:
+            if execution_traces:
+                raise UsageProblem("--execution-trace goes with torch.profiler TRACES, not "
+                                   "--verify (which profiles SCRIPT itself)")
             checked = verify(verify_script, list(traces), device, cwd)
             click.echo(render_explain(checked.explanation, checked.kept, fmt, cwd,
                                       checked.dropped, checked.not_worth_it), nl=False)
             return
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,))
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
         if log:
             click.echo(render_logs(loaded, names, cwd), nl=False)
             return
@@ -273,15 +289,17 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
 @cli.command()
 @click.argument("before", type=click.Path(dir_okay=False))
 @click.argument("after", type=click.Path(dir_okay=False))
-def diff(before: str, after: str) -> None:
+@_et_option
+def diff(before: str, after: str, execution_traces: tuple[str, ...]) -> None:
     """Compare two saved traces: total time, each memcpy line, the event rows and the sync
     copy paths that changed.
 
     BEFORE and AFTER may each stand for the traces of several ranks (a quoted glob, or the
     name given to `profile -o`): each rank is compared with the same rank, then all ranks
-    merged, and a side whose ranks make different sync copies is flagged."""
+    merged, and a side whose ranks make different sync copies is flagged. With
+    --execution-trace, the ETs go with BEFORE's torch.profiler traces, then AFTER's."""
     with _usage_errors():
-        click.echo(diff_traces(before, after, os.getcwd()))
+        click.echo(diff_traces(before, after, os.getcwd(), execution_traces))
 
 
 @cli.command(name="import")
@@ -289,7 +307,8 @@ def diff(before: str, after: str) -> None:
 @click.option("-o", "--output", metavar="PATH", default=DEFAULT_TRACE_PATH, show_default=True,
               help="Where to write the trace; with the ranks of one run, one file per rank "
                    "(trace.rank0.json, ...).")
-def import_cmd(traces: tuple[str, ...], output: str) -> None:
+@_et_option
+def import_cmd(traces: tuple[str, ...], output: str, execution_traces: tuple[str, ...]) -> None:
     """Convert torch.profiler (Kineto) TRACES (.json or .json.gz) into memcpy-doctor traces,
     measured on the GPU that recorded them (docs/kineto.md). Several TRACES must be the
     ranks of one run (their distributedInfo says which)."""
@@ -298,7 +317,7 @@ def import_cmd(traces: tuple[str, ...], output: str) -> None:
         if ours:
             raise UsageProblem(f"import: {ours[0]}: give torch.profiler traces (a "
                                "memcpy-doctor trace needs no import)")
-        loaded = [load_trace(t) for t in traces]
+        loaded = load_all(list(traces), execution_traces)
         ranks = [t.meta.rank for t in loaded]
         if len(loaded) > 1 and (None in ranks or len(set(ranks)) != len(ranks)):
             raise UsageProblem("import: several traces must be distinct ranks of one run "
@@ -321,8 +340,9 @@ def import_cmd(traces: tuple[str, ...], output: str) -> None:
               show_default=True, help="Output format (github: workflow annotations).")
 @click.option("-o", "--output", metavar="PATH", default=None,
               help="Write the result here instead of stdout.")
+@_et_option
 def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, config_path,
-              fmt: str, output: str | None) -> None:
+              fmt: str, output: str | None, execution_traces: tuple[str, ...]) -> None:
     """Gate a saved TRACE: thresholds (--max, [tool.memcpy-doctor]) and a baseline.
     Exit status 0: passed; 1: a gate failed; 2: usage error or unreadable input.
 
@@ -333,7 +353,7 @@ def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, conf
         raise UsageProblem("nothing to check: give --max NAME=VALUE or --baseline, or set "
                            "[tool.memcpy-doctor] in pyproject.toml")
     with _usage_errors():
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,))
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
         passed, text = gate_traces(loaded, names, config, fmt)
     _emit(text, output)
     sys.exit(0 if passed else EXIT_GATE_FAILED)

@@ -2,20 +2,27 @@
 torch.profiler trace of a GPU run and its ExecutionTraceObserver file, in both ET layouts,
 where the kernel that ran last on the stream is not the op that made the copied tensor, so the
 figures prove the ET is read; a real ET recorded here on the CPU for the record-function-id
-join and the tensor layout of this PyTorch."""
+join and the tensor layout of this PyTorch; the CLI as a user runs it; and the files it refuses
+(one line, status 2)."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from memcpy_doctor.core.kineto import (INFERRED_NOTE, from_kineto, kineto_pid,
+from memcpy_doctor.cli import main
+from memcpy_doctor.core.kineto import (INFERRED_NOTE, from_kineto, kineto_pid, load_any,
                                        read_execution_trace)
 from memcpy_doctor.core.kineto_et import EtJoin, parse_execution_trace
 from memcpy_doctor.core.kineto_stacks import enclosing
-from memcpy_doctor.core.trace import OpRef, Site
+from memcpy_doctor.core.trace import OpRef, Site, TraceError
 
 MODULE, STEP = Site("train.py", 1, "<module>"), Site("train.py", 10, "step")
 THREAD = "[pytorch|profiler|execution_trace|thread]"
@@ -243,3 +250,142 @@ def test_a_real_et_joins_its_profile_by_record_function_id(tmp_path):
     item = [e for e in ops if e["name"] in ("aten::item", "aten::_local_scalar_dense")]
     producer, _ = join.ends(item, 0, "HtoD")  # on the CPU, the source is on the host
     assert producer == OpRef("aten::sum", "cpu", None)
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+    return status, out.getvalue(), err.getvalue()
+
+
+def _write(path: Path, data: object) -> str:
+    text = json.dumps(data)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def test_import_and_explain_with_the_et_as_a_user_runs_them(tmp_path):
+    _write(tmp_path / "k.pt.trace.json.gz", kineto())
+    _write(tmp_path / "rank0.et.json", et())
+    cmd = [sys.executable, "-m", "memcpy_doctor"]
+    r = subprocess.run([*cmd, "import", "k.pt.trace.json.gz", "--execution-trace",
+                        "rank0.et.json", "-o", "t.json"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("memcpy-doctor: 3 copies (3 waited for) from NVIDIA A100-SXM4-80GB, "
+                        "written to t.json\n")
+    r = subprocess.run([*cmd, "report", "t.json"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split(None, 6) for line in r.stdout.splitlines()
+            if line.startswith(("HtoD to ", "DtoH "))]
+    assert [row[6] for row in rows] == [
+        "aten::randn [cpu] at train.py:1 -> aten::sum [cuda] at train.py:10",
+        "aten::mul [cuda] at train.py:10 -> aten::add [cpu] at train.py:1",
+        "aten::sum [cuda] at train.py:10 -> -"]
+    # the exact data flow (randn -> upload -> sum -> item) is what explain now acts on
+    r = subprocess.run([*cmd, "explain", "k.pt.trace.json.gz", "--execution-trace",
+                        "rank0.et.json"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ('1. run aten::sum on the host with device_guard("cpu") at train.py:10'
+            in r.stdout.splitlines())
+
+
+def test_several_traces_take_the_et_of_their_own_process(tmp_path):
+    for rank, pid in ((0, 1), (1, 2)):
+        data = kineto()
+        for e in data["traceEvents"]:
+            e["pid"] = pid if e["pid"] == 1 else e["pid"]
+        data["distributedInfo"] = {"rank": rank, "world_size": 2}
+        _write(tmp_path / f"k{rank}.json", data)
+    other = [n for n in NODES if n[0] != 50] + [(50, "aten::mul", 2, 11, [XD], [S], False)]
+    _write(tmp_path / "et1.json", et(other, pid=2))  # rank 1: item() reads what mul made
+    _write(tmp_path / "et0.json", et(pid=1))
+    status, _, err = run("import", str(tmp_path / "k0.json"), str(tmp_path / "k1.json"),
+                         "--execution-trace", str(tmp_path / "et1.json"),
+                         "--execution-trace", str(tmp_path / "et0.json"),
+                         "-o", str(tmp_path / "run.json"))
+    assert status == 0, err
+    for rank, made in ((0, "aten::sum"), (1, "aten::mul")):
+        t = load_any(str(tmp_path / f"run.rank{rank}.json"))
+        assert _ends(t)[("DtoH", "item")][0].op == made
+
+
+def _no_ids(data: dict) -> dict:
+    for n in data["nodes"]:
+        for side in ("inputs", "outputs"):
+            n[side]["values"] = [v[0] if isinstance(v, list) else v
+                                 for v in n[side]["values"]]
+    return data
+
+
+def _shifted(data: dict, by: int) -> dict:
+    for n in data["nodes"]:
+        for a in n["attrs"]:
+            if a["name"] == "rf_id" and a["value"]:
+                a["value"] += by
+    return data
+
+
+def _no_rf(data: dict) -> dict:
+    for e in data["traceEvents"]:
+        if e["cat"] == "cpu_op":
+            e["args"]["Record function id"] = 0
+    return data
+
+
+#: name -> (ET content, Kineto trace, what the one line says)
+BAD = {
+    "another_run": (_shifted(et(), 1000), kineto(), "et.json: not of the same run as k.json"),
+    "ops_differ": (_shifted(et(), 1), kineto(), "et.json: not of the same run as k.json"),
+    "truncated": (json.dumps(et())[:900], kineto(), "et.json: not an execution trace (not "
+                  "valid JSON"),
+    "no_tensor_ids": (_no_ids(et()), kineto(), "without tensor ids (its tensors are not "
+                      "[tensor_id, storage_id, offset, numel, itemsize, device])"),
+    "not_an_et": (kineto(), kineto(), "et.json: not an execution trace (no `nodes` list"),
+    "bad_node": ({"schema": "9", "nodes": [{"id": 3}]}, kineto(),
+                 "et.json: an execution trace (schema 9) this version cannot read (KeyError"),
+    "no_rf_ids": (et(), _no_rf(kineto()), "k.json: its ops carry no record function ids"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_an_et_that_cannot_be_joined_is_one_line_and_status_2(tmp_path, monkeypatch, name):
+    content, kin, message = BAD[name]
+    monkeypatch.chdir(tmp_path)
+    Path("et.json").write_text(content if isinstance(content, str) else json.dumps(content))
+    _write(Path("k.json"), kin)
+    for cmd in (("report",), ("explain",), ("check", "--max", "sync_calls=9"),
+                ("import", "-o", "t.json")):
+        status, out, err = run(*cmd, "k.json", "--execution-trace", "et.json")
+        assert (status, out, len(err.splitlines())) == (2, "", 1), err
+        assert err.startswith("memcpy-doctor: error: ") and message in err, err
+
+
+def test_one_et_per_kineto_trace(tmp_path):
+    _write(tmp_path / "k.json", kineto())
+    _write(tmp_path / "et.json", et())
+    ours = from_kineto(kineto(), "k.json")
+    ours.save(str(tmp_path / "ours.json"))
+    for args, message in (
+            (("k.json", "--execution-trace", "et.json", "--execution-trace", "et.json"),
+             "--execution-trace: 2 given for 1 torch.profiler traces; give one per"),
+            (("ours.json", "--execution-trace", "et.json"),
+             "--execution-trace: 1 given for no torch.profiler trace")):
+        status, _, err = run("report", *[str(tmp_path / a) if a.endswith(".json") else a
+                                         for a in args])
+        assert status == 2 and message in err and len(err.splitlines()) == 1, err
+    status, out, err = run("diff", str(tmp_path / "ours.json"), str(tmp_path / "k.json"),
+                           "--execution-trace", str(tmp_path / "et.json"))
+    assert status == 0, err
+    with pytest.raises(TraceError, match="an execution trace goes with a torch.profiler"):
+        load_any(str(tmp_path / "ours.json"), parse_execution_trace(et(), "et.json"))

@@ -5,11 +5,19 @@ A trace argument is one file, a glob, or the name given to `profile -o`, which s
 `.rankK` traces (see rankenv.expand_traces). Everything that goes wrong here is something the
 user can fix on the command line, so it is raised as InputError, whose message is the one
 line the CLI prints after `memcpy-doctor: error:`. Nothing here prints.
+
+`--execution-trace ET` (repeatable) gives one ExecutionTraceObserver file per torch.profiler
+trace among the arguments, for exact producers (core/kineto_et.py). Each torch.profiler trace
+takes the ET recorded by the same process: the one whose `pid` is that of the trace's ops,
+when exactly one is; otherwise the ETs go with the torch.profiler traces in the order both
+are given (`diff`: BEFORE's, then AFTER's). A pair that is not of one run is refused when the
+two are joined.
 """
 
 from __future__ import annotations
 
-from ..core.kineto import is_kineto_file, load_any
+from ..core.kineto import (is_kineto, is_kineto_file, kineto_pid, kineto_trace, load_any,
+                           read_execution_trace, read_json)
 from ..core.trace import Trace, TraceError
 from .rankenv import RankError, expand_traces
 
@@ -33,19 +41,70 @@ def load_trace(path: str) -> Trace:
         raise InputError(str(e)) from None
 
 
-def load_traces(args: tuple[str, ...] | list[str]) -> tuple[list[Trace], list[str]]:
+def load_traces(args: tuple[str, ...] | list[str],
+                execution_traces: tuple[str, ...] | list[str] = ()
+                ) -> tuple[list[Trace], list[str]]:
     """The traces `args` name (globs and rank traces expanded) and their file names, in rank
-    order when every one has a rank, so that rank K of one run meets rank K of another.
-    InputError when a glob matches nothing or a trace cannot be read."""
+    order when every one has a rank, so that rank K of one run meets rank K of another; the
+    torch.profiler ones joined to `execution_traces` (see the module docstring). InputError
+    when a glob matches nothing or a trace cannot be read."""
+    return load_trace_groups([args], execution_traces)[0]
+
+
+def load_trace_groups(groups: list[tuple[str, ...] | list[str]],
+                      execution_traces: tuple[str, ...] | list[str] = ()
+                      ) -> list[tuple[list[Trace], list[str]]]:
+    """load_traces for several groups of arguments (diff's two sides), which share the
+    execution traces: the ETs go with the torch.profiler traces of all groups in turn."""
     try:
-        names = expand_traces(list(args))
+        named = [expand_traces(list(args)) for args in groups]
     except RankError as e:
         raise InputError(str(e)) from None
-    traces = [load_trace(n) for n in names]
-    if len(traces) > 1 and all(t.meta.rank is not None for t in traces):
-        order = sorted(range(len(traces)), key=lambda i: traces[i].meta.rank)
-        traces, names = [traces[i] for i in order], [names[i] for i in order]
-    return traces, names
+    flat = load_all([n for names in named for n in names], execution_traces)
+    out = []
+    for names in named:
+        traces, flat = flat[:len(names)], flat[len(names):]
+        if len(traces) > 1 and all(t.meta.rank is not None for t in traces):
+            order = sorted(range(len(traces)), key=lambda i: traces[i].meta.rank)
+            traces, names = [traces[i] for i in order], [names[i] for i in order]
+        out.append((traces, names))
+    return out
+
+
+def load_all(names: list[str], execution_traces: tuple[str, ...] | list[str] = ()
+             ) -> list[Trace]:
+    """The traces at `names`, in that order, each torch.profiler one joined to its execution
+    trace when `execution_traces` are given (one each). InputError otherwise."""
+    if not execution_traces:
+        return [load_trace(n) for n in names]
+    kineto = [n for n in names if is_kineto_file(n)]
+    if len(kineto) != len(execution_traces):
+        what = (f"{len(kineto)} torch.profiler traces" if kineto else
+                "no torch.profiler trace (memcpy-doctor traces need none)")
+        raise InputError(f"--execution-trace: {len(execution_traces)} given for {what}; "
+                         "give one per torch.profiler trace")
+    try:
+        ets = [read_execution_trace(p) for p in execution_traces]
+        free = list(range(len(ets)))
+        out = []
+        for n in names:
+            if n not in kineto:
+                out.append(load_trace(n))
+                continue
+            data = read_json(n)
+            if not is_kineto(data):
+                raise InputError(f"{n}: not a torch.profiler trace (--execution-trace goes "
+                                 "with one)")
+            pid = kineto_pid(data)
+            mine = [i for i in free if pid is not None and ets[i].pid == pid]
+            at = kineto.index(n)
+            i = mine[0] if len(mine) == 1 else at if at in free else free[0]
+            free.remove(i)
+            out.append(kineto_trace(data, n, ets[i]))
+            del data
+        return out
+    except TraceError as e:
+        raise InputError(str(e)) from None
 
 
 def write_text(text: str, path: str) -> None:
