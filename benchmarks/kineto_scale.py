@@ -2,6 +2,7 @@
 for a 35 MB trace of about 100k events in seconds, with memory a small multiple of the file.
 
     python benchmarks/kineto_scale.py [--events 100000] [--gzip] [--keep PATH]
+                                      [--execution-trace]
 
 Synthesizes a trace in Kineto's format: training steps of eager ops, each a cpu_op with its
 cudaLaunchKernel and kernel, Python frames (with_stack), and per step an upload with its
@@ -9,6 +10,11 @@ stream sync and a loss.item(). Then reads it as `memcpy-doctor report` does
 (core/kineto.load_any) and prints the file size, events, wall time, and the peak memory:
 the process's peak RSS over what it held before reading (resource), and the peak of Python
 allocations during the read (tracemalloc, a second read, slower).
+
+With --execution-trace it also synthesizes the ExecutionTraceObserver file of the same run
+(one node per cpu_op, each op reading the one before's output, storages reused every step as
+the caching allocator reuses them) and reads both, as `report TRACE --execution-trace ET`
+does: the figures then cover the ET's parse and the join, and the ET's size is printed.
 """
 
 from __future__ import annotations
@@ -26,13 +32,50 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memcpy_doctor.core.kineto import load_any  # noqa: E402
+from memcpy_doctor.core.kineto import load_any, read_execution_trace  # noqa: E402
 
 
-def synthesize(n_events: int) -> dict:
-    """A trace of about `n_events` events (see the module docstring); times in us."""
+class _Et:
+    """The nodes of a synthesized execution trace (schema 1.1.1-chakra.0.0.4)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[dict] = []
+        self.next_id = 3  # 1: the process, 2: the thread
+
+    def add(self, name: str, rf: int, ins: list, outs: list, parent: int = 2) -> int:
+        nid, self.next_id = self.next_id, self.next_id + 1
+        types = (lambda vs: ["Tensor(float)" if isinstance(v, list) else "Int" for v in vs])
+        attrs = {"rf_id": rf, "fw_parent": 0, "seq_id": -1, "scope": 0, "tid": 1,
+                 "fw_tid": 0, "op_schema": f"{name}(Tensor self) -> Tensor",
+                 "kernel_backend": "", "kernel_file": "", "tensor_range": ""}
+        self.nodes.append({
+            "id": nid, "name": name, "ctrl_deps": parent,
+            "inputs": {"values": ins, "shapes": [[64, 256]] * len(ins), "types": types(ins),
+                       "strides": [[256, 1]] * len(ins)},
+            "outputs": {"values": outs, "shapes": [[64, 256]] * len(outs),
+                        "types": types(outs), "strides": [[256, 1]] * len(outs)},
+            "attrs": [{"name": k, "type": "uint64", "value": v} for k, v in attrs.items()]})
+        return nid
+
+    def data(self) -> dict:
+        thread = {"id": 2, "name": "[pytorch|profiler|execution_trace|thread]", "ctrl_deps": 1,
+                  "inputs": {"values": [], "shapes": [], "types": [], "strides": []},
+                  "outputs": {"values": [], "shapes": [], "types": [], "strides": []},
+                  "attrs": [{"name": "rf_id", "type": "uint64", "value": 0}]}
+        return {"schema": "1.1.1-chakra.0.0.4", "pid": 1, "time": "", "start_ts": 0,
+                "nodes": [thread, *self.nodes], "finish_ts": 0}
+
+
+def _tensor(tid: int, sid: int, device: str = "cuda:0") -> list:
+    return [tid, sid, 0, 16384, 4, device]
+
+
+def synthesize(n_events: int, et: _Et | None = None) -> dict:
+    """A trace of about `n_events` events (see the module docstring); times in us. With
+    `et`, its ops carry record function ids and `et` gets their nodes."""
     events: list[dict] = []
-    t, corr, step = 0.0, 0, 0
+    t, corr, step, rf = 0.0, 0, 0, 0
+    tensor = 10_000_000  # tensor ids, apart from node ids
 
     def x(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 1,
           **args: object) -> dict:
@@ -45,7 +88,13 @@ def synthesize(n_events: int) -> dict:
         events.append(x("python_function", "train.py(12): step", t, 0))  # dur set below
         frame = events[-1]
         corr += 1
-        events += [x("cpu_op", "aten::to", t + 1, 30, **{"External id": corr}),
+        rf += 1
+        if et is not None:  # the upload: a host batch in, a device tensor out
+            tensor += 2
+            last = _tensor(tensor, 900)
+            et.add("aten::to", rf, [_tensor(tensor - 1, 901, "cpu")], [last])
+        events += [x("cpu_op", "aten::to", t + 1, 30, **{"External id": corr,
+                                                         "Record function id": rf}),
                    x("cuda_runtime", "cudaMemcpyAsync", t + 2, 20, correlation=corr),
                    x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", t + 3, 18, pid=0,
                      tid=7, correlation=corr, stream=7, bytes=1 << 20, device=0),
@@ -54,13 +103,19 @@ def synthesize(n_events: int) -> dict:
         t += 40
         for i in range(40):
             corr += 1
+            rf += 1 if et is not None else 0
+            if et is not None:  # reads the last op's output; storages reused every step
+                tensor += 1
+                out = _tensor(tensor, 1000 + i)
+                et.add(f"aten::op{i % 12}", rf, [last, 1], [out])
+                last = out
             events += [x("python_function", "model.py(30): forward", t, 12),
                        x("cpu_op", f"aten::op{i % 12}", t + 1, 10, **{
                            "External id": corr, "Sequence number": step, "Ev Idx": corr,
                            "Input Dims": [[64, 256, 56, 56], [256], []],
                            "Input type": ["float", "float", "Scalar"],
                            "Input Strides": [[802816, 3136, 56, 1], [1], []],
-                           "Concrete Inputs": ["", "", "1"], "Record function id": 0}),
+                           "Concrete Inputs": ["", "", "1"], "Record function id": rf}),
                        x("cuda_runtime", "cudaLaunchKernel", t + 3, 5, correlation=corr),
                        x("kernel", f"void kernel_{i % 12}<float, 128>(float*, int)", t + 8, 9,
                          pid=0, tid=7, correlation=corr, stream=7, grid=[128, 1, 1],
@@ -72,8 +127,13 @@ def synthesize(n_events: int) -> dict:
                         "cat": "ac2g", "name": "ac2g", "bp": "e"}]
             t += 15
         corr += 1
-        events += [x("cpu_op", "aten::item", t, 30), x("cpu_op", "aten::_local_scalar_dense",
-                                                        t + 1, 28),
+        rf += 2
+        if et is not None:
+            item = et.add("aten::item", rf - 1, [last], [0.5])
+            et.add("aten::_local_scalar_dense", rf, [last], [0.5], parent=item)
+        events += [x("cpu_op", "aten::item", t, 30, **{"Record function id": rf - 1}),
+                   x("cpu_op", "aten::_local_scalar_dense", t + 1, 28,
+                     **{"Record function id": rf}),
                    x("cuda_runtime", "cudaMemcpyAsync", t + 2, 5, correlation=corr),
                    x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 8, 2, pid=0, tid=7,
                      correlation=corr, stream=7, bytes=4, device=0),
@@ -91,11 +151,15 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--gzip", action="store_true", help="write and read it as .json.gz")
     ap.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
+    ap.add_argument("--execution-trace", action="store_true",
+                    help="also an execution trace of the same run, read with it")
     ap.add_argument("--read", metavar="PATH", help=argparse.SUPPRESS)  # the measuring child
+    ap.add_argument("--read-et", metavar="PATH", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.read:
-        return measure(a.read)
-    data = synthesize(a.events)
+        return measure(a.read, a.read_et)
+    et = _Et() if a.execution_trace else None
+    data = synthesize(a.events, et)
     raw = json.dumps(data).encode()
     del data
     path = a.keep or os.path.join(tempfile.mkdtemp(), "trace.json" + (".gz" * a.gzip))
@@ -104,28 +168,45 @@ def main() -> None:
     size, n = os.path.getsize(path), raw.count(b'"ph"')
     del raw
     print(f"file {size / 1e6:.1f} MB{' (gzip)' if a.gzip else ''}, {n} events")
+    child = [sys.executable, __file__, "--read", path]
+    if et is not None:
+        et_path = path.replace("trace.json", "et.json") if not a.keep else a.keep + ".et.json"
+        with open(et_path, "w") as f:
+            json.dump(et.data(), f)
+        child += ["--read-et", et_path]
+        print(f"execution trace {os.path.getsize(et_path) / 1e6:.1f} MB, "
+              f"{len(et.nodes) + 1} nodes")
     sys.stdout.flush()
     try:  # measured in a fresh process, so the synthesis's memory is not counted
-        subprocess.run([sys.executable, __file__, "--read", path], check=True)
+        subprocess.run(child, check=True)
     finally:
         if not a.keep:
             os.unlink(path)
+            if et is not None:
+                os.unlink(et_path)
 
 
-def measure(path: str) -> None:
-    size = os.path.getsize(path)
+def _read(path: str, et_path: str | None) -> object:
+    return load_any(path, read_execution_trace(et_path) if et_path else None)
+
+
+def measure(path: str, et_path: str | None = None) -> None:
+    size = os.path.getsize(path) + (os.path.getsize(et_path) if et_path else 0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.perf_counter()
-    trace = load_any(path)
+    trace = _read(path, et_path)
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    if et_path:
+        print("  " + trace.meta.untraced[0])
     del trace
     tracemalloc.start()
-    load_any(path)
+    _read(path, et_path)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    print(f"import: {wall:.2f} s; peak RSS growth {rss / 1e6:.0f} MB ({rss / size:.1f}x the "
-          f"file); peak Python allocations {peak / 1e6:.0f} MB ({peak / size:.1f}x)")
+    files = "the files" if et_path else "the file"
+    print(f"import: {wall:.2f} s; peak RSS growth {rss / 1e6:.0f} MB ({rss / size:.1f}x "
+          f"{files}); peak Python allocations {peak / 1e6:.0f} MB ({peak / size:.1f}x)")
 
 
 if __name__ == "__main__":
