@@ -133,3 +133,17 @@ def test_memory_allocated_on_the_simulated_gpu(core, monkeypatch):
         w = x.sum()  # 4 bytes
         assert torch.cuda.max_memory_allocated() == 4004
         assert w.is_cuda and not torch.zeros(3).is_cuda
+
+
+def test_inputs_and_mark_outputs_as_the_per_op_path_asks(marks_type):
+    table = marks_type()
+    a, b = torch.zeros(4), torch.zeros(2)
+    sparse = torch.zeros(3).to_sparse()  # no storage: never marked
+    table.mark_outputs([a, a[1:], sparse])  # a view of a marked storage adds nothing
+    assert (table.allocated, len(table.refs)) == (16, 1)
+    assert table.inputs((a, b, sparse, a[:2])) == [True, False, False, True]
+    assert table.inputs([]) == []
+    table.mark_outputs((b,))
+    assert table.inputs([b]) == [True] and table.allocated == table.peak == 24
+    with pytest.raises(TypeError):
+        table.inputs(5)

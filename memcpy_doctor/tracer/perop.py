@@ -35,7 +35,6 @@ from ..core.torch_private import set_eval_frame
 from .collector import OpAgg
 from .cuda import gpu_op
 from .optable import DTYPE_CLASS, OP_INFO, op_info
-from .sim.marks import NO_STORAGE
 from .state import (_NO_KWARGS, UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
                     with_kwarg_tensors)
 
@@ -55,7 +54,8 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
     gpu = gpu_op(state, record) if sim is None else None
     marks = sim.cuda_marks.refs if sim is not None else None
     python_op_ns = state.profile.python_op_ns  # the program's own time per op (modeled)
-    mark_new = sim.cuda_marks.add_new if sim is not None else None
+    marked_in = sim.cuda_marks.inputs if sim is not None else None
+    mark_outputs = sim.cuda_marks.mark_outputs if sim is not None else None
 
     def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
                  kwargs: dict | None = None) -> Any:
@@ -87,12 +87,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                     kwargs, forced = {**kwargs, "device": _CPU}, True  # built on the host
             dev_in, any_dev = (), False  # 2. which inputs are on the simulated device
             if marks:  # (none while no storage is marked)
-                dev_in = []
-                for t in ins:
-                    try:
-                        dev_in.append(id(t.untyped_storage()) in marks)
-                    except NO_STORAGE:
-                        dev_in.append(False)  # sparse, nested, storage-less: unmarked
+                dev_in = marked_in(ins)
                 any_dev = True in dev_in
                 if any_dev and False in dev_in and forced is None and sim.mixed(info, ins, dev_in):
                     return sim.dispatch_copy(func, args, kwargs)  # (from C++ code)
@@ -110,13 +105,7 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
             on_device = forced if forced is not None else any_dev if ins else (
                 state.call_args is not None and sim.any_cuda(*state.call_args))
             if on_device:  # new storages made on the device are marked
-                for o in outs:
-                    try:
-                        storage = o.untyped_storage()
-                    except NO_STORAGE:
-                        continue  # sparse, nested or storage-less tensors: unmarked
-                    if (key := id(storage)) not in marks:  # new: not a view, not in place
-                        mark_new(storage, key)
+                mark_outputs(outs)
             record(info, args, kwargs, ins, out, outs, dev_in, any_dev,
                    "cuda:0" if on_device or any_dev else "cpu", site, 0)
             return out

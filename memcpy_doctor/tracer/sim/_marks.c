@@ -54,7 +54,7 @@ typedef struct {
     Py_ssize_t peak;
 } Marks;
 
-static PyObject *str_nbytes, *str_drop;
+static PyObject *str_nbytes, *str_drop, *str_untyped_storage;
 
 static PyObject *Marks_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     Marks *self = (Marks *)type->tp_alloc(type, 0);
@@ -113,34 +113,30 @@ PyDoc_STRVAR(add_new_doc,
 "add_new(storage, key): mark a storage known to be unmarked, whose id is `key` (the\n"
 "per-op path has looked it up already); counts its bytes into `allocated` and `peak`.");
 
-static PyObject *Marks_add_new(Marks *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "add_new() takes a storage and its key");
-        return NULL;
-    }
-    PyObject *storage = args[0], *key = args[1];
+/* Mark `storage`, filed under `key`; 0, or -1 with an exception set. */
+static int mark(Marks *self, PyObject *storage, PyObject *key) {
     if (self->on_free == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "StorageMarks was not initialized");
-        return NULL;
+        return -1;
     }
     PyObject *size = PyObject_CallMethodNoArgs(storage, str_nbytes);
     if (size == NULL) {
-        return NULL;
+        return -1;
     }
     Py_ssize_t nbytes = PyLong_AsSsize_t(size);
     Py_DECREF(size);
     if (nbytes == -1 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     /* weakref's own constructor, without the type call's argument parsing for __init__ */
     PyObject *pair = PyTuple_Pack(2, storage, self->on_free);
     if (pair == NULL) {
-        return NULL;
+        return -1;
     }
     PyObject *ref = MarkRefType.tp_new(&MarkRefType, pair, NULL);
     Py_DECREF(pair);
     if (ref == NULL) {
-        return NULL;
+        return -1;
     }
     MarkRef *mark = (MarkRef *)ref;
     Py_INCREF(key);
@@ -149,11 +145,98 @@ static PyObject *Marks_add_new(Marks *self, PyObject *const *args, Py_ssize_t na
     int failed = PyDict_SetItem(self->refs, key, ref);
     Py_DECREF(ref);
     if (failed) {
-        return NULL;
+        return -1;
     }
     Py_ssize_t allocated = self->allocated += nbytes;
     if (allocated > self->peak) {
         self->peak = allocated;
+    }
+    return 0;
+}
+
+static PyObject *Marks_add_new(Marks *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add_new() takes a storage and its key");
+        return NULL;
+    }
+    if (mark(self, args[0], args[1]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* t.untyped_storage(), or NULL with no exception set for a tensor without one (sparse,
+   nested, storage-less: what marks.NO_STORAGE lists), or NULL with another exception. */
+static PyObject *storage_of(PyObject *t) {
+    PyObject *storage = PyObject_CallMethodNoArgs(t, str_untyped_storage);
+    if (storage == NULL && (PyErr_ExceptionMatches(PyExc_RuntimeError) ||
+                            PyErr_ExceptionMatches(PyExc_NotImplementedError) ||
+                            PyErr_ExceptionMatches(PyExc_TypeError))) {
+        PyErr_Clear();
+    }
+    return storage;
+}
+
+PyDoc_STRVAR(inputs_doc,
+"inputs(tensors): a list with, for each tensor, whether its storage is marked (False for\n"
+"a tensor without a storage). The per-op path's question about an op's inputs.");
+
+static PyObject *Marks_inputs(Marks *self, PyObject *tensors) {
+    PyObject *seq = PySequence_Fast(tensors, "inputs() takes a sequence of tensors");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *storage = storage_of(PySequence_Fast_GET_ITEM(seq, i));
+        int marked = 0;
+        if (storage != NULL) {
+            PyObject *key = PyLong_FromVoidPtr(storage);
+            Py_DECREF(storage);
+            marked = key == NULL ? -1 : PyDict_Contains(self->refs, key);
+            Py_XDECREF(key);
+        }
+        else if (PyErr_Occurred()) {
+            marked = -1;
+        }
+        if (marked < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *answer = marked ? Py_True : Py_False;
+        Py_INCREF(answer);
+        PyList_SET_ITEM(out, i, answer);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+PyDoc_STRVAR(mark_outputs_doc,
+"mark_outputs(tensors): mark the storages of these tensors (an op's outputs on the\n"
+"device) that are not marked yet: new ones, not views or in-place results.");
+
+static PyObject *Marks_mark_outputs(Marks *self, PyObject *tensors) {
+    PyObject *seq = PySequence_Fast(tensors, "mark_outputs() takes a sequence of tensors");
+    if (seq == NULL) {
+        return NULL;
+    }
+    int failed = 0;
+    for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *storage = storage_of(PySequence_Fast_GET_ITEM(seq, i));
+        if (storage == NULL) {
+            failed = PyErr_Occurred() != NULL;
+            continue;
+        }
+        PyObject *key = PyLong_FromVoidPtr(storage);
+        int known = key == NULL ? -1 : PyDict_Contains(self->refs, key);
+        failed = known < 0 || (!known && mark(self, storage, key) < 0);
+        Py_XDECREF(key);
+        Py_DECREF(storage);
+    }
+    Py_DECREF(seq);
+    if (failed) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -179,6 +262,8 @@ static void Marks_dealloc(Marks *self) {
 static PyMethodDef Marks_methods[] = {
     {"add_new", (PyCFunction)(void (*)(void))Marks_add_new, METH_FASTCALL, add_new_doc},
     {"_drop", (PyCFunction)Marks_drop, METH_O, drop_doc},
+    {"inputs", (PyCFunction)Marks_inputs, METH_O, inputs_doc},
+    {"mark_outputs", (PyCFunction)Marks_mark_outputs, METH_O, mark_outputs_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -214,7 +299,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__marks(void) {
     str_nbytes = PyUnicode_InternFromString("nbytes");
     str_drop = PyUnicode_InternFromString("_drop");
-    if (str_nbytes == NULL || str_drop == NULL) {
+    str_untyped_storage = PyUnicode_InternFromString("untyped_storage");
+    if (str_nbytes == NULL || str_drop == NULL || str_untyped_storage == NULL) {
         return NULL;
     }
     MarkRefType.tp_base = &_PyWeakref_RefType;

@@ -74,11 +74,36 @@ class _PyMarksCore:
         if allocated > self.peak:
             self.peak = allocated
 
+    def inputs(self, tensors: Any) -> list[bool]:
+        """For each tensor, whether its storage is marked (False without a storage): the
+        per-op path's question about an op's inputs."""
+        refs, out = self.refs, []
+        for t in tensors:
+            try:
+                out.append(id(t.untyped_storage()) in refs)
+            except NO_STORAGE:
+                out.append(False)  # sparse, nested, storage-less: unmarked
+        return out
+
+    def mark_outputs(self, tensors: Any) -> None:
+        """Mark the storages of an op's outputs on the device that are not marked yet (new
+        ones: not views, not in-place results)."""
+        refs = self.refs
+        for t in tensors:
+            try:
+                storage = t.untyped_storage()
+            except NO_STORAGE:
+                continue  # sparse, nested or storage-less tensors: unmarked
+            if (key := id(storage)) not in refs:
+                self.add_new(storage, key)
+
 
 try:
     from ._marks import MarksCore
-except ImportError:  # (built without a C compiler)
+    COMPILED = True
+except ImportError:  # no C compiler where the package was installed
     MarksCore = _PyMarksCore
+    COMPILED = False
 
 
 class StorageMarks(MarksCore):  # type: ignore[misc, valid-type]
