@@ -54,7 +54,7 @@ class SiteResolver:
         self.codes: dict[int, Any] = {}
         self._kept: list[CodeType] = []  # keeps each cached code object's id unique
         self._interned: dict[tuple[str, int, str], Site] = {}
-        self._stacks: dict[int, list[Site]] = {}
+        self._stacks: dict[int, list] = {}  # id(site): [stack, depth, code] (see stack_at)
         self._ends: dict[tuple[int, int], int | None] = {}  # (id(code), f_lasti): end column
         #: the boundary calls now running, innermost last: [its frame, its site or UNSET]
         self.calls: list[list] = []
@@ -136,24 +136,38 @@ class SiteResolver:
     def stack_at(self, site: Site | None) -> tuple[list[Site], int | None]:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
         its first call, so later calls at the site need no walk), and where, on the line,
-        the call now making a copy ends (two calls on one line are told apart by it)."""
+        the call now making a copy ends (two calls on one line are told apart by it). The
+        user's frame is found by a climb, or, for a copy made through as many frames as the
+        last one at the site, where that one's was: the same code, under a frame of torch's
+        or this package's own (a look-up rather than a climb of six or more frames)."""
         found = self._stacks.get(id(site))
-        if found is None:
-            found = self._stacks[id(site)] = self.stack()
-        frame = _getframe(1)  # the innermost frame outside torch and this package: a short
-        codes = self.codes  # climb past the tracer's and torch's own frames
-        while frame is not None:
+        if found is None:  # [stack, depth of the frame under the user's last time, its code]
+            found = self._stacks[id(site)] = [self.stack(), 0, None]
+        codes = self.codes
+        depth = found[1]
+        if depth:  # the copy made through the same frames as last time: no climb
+            below = _getframe(depth)
+            frame = below.f_back
+            if frame is not None and frame.f_code is found[2]:
+                entry = codes.get(id(below.f_code))
+                if entry is False or entry is BOUNDARY:
+                    end = self._ends.get((id(frame.f_code), frame.f_lasti), UNSET)
+                    if end is not UNSET:
+                        return found[0], end
+        frame, depth = _getframe(1), 1  # the innermost frame outside torch and this package:
+        while frame is not None:  # a short climb past the tracer's and torch's own frames
             entry = codes.get(id(frame.f_code))
             if entry is None:
                 entry = self.classify(frame.f_code)
             if entry is not False and entry is not BOUNDARY:
+                found[1], found[2] = depth - 1, frame.f_code
                 key = (id(frame.f_code), frame.f_lasti)
                 end = self._ends.get(key, UNSET)
                 if end is UNSET:
                     end = self._ends[key] = _end_column(frame)
-                return found, end
-            frame = frame.f_back
-        return found, None
+                return found[0], end
+            frame, depth = frame.f_back, depth + 1
+        return found[0], None
 
     def stack(self) -> list[Site]:
         """Frames outside torch and this package, innermost first, at most MAX_STACK_FRAMES
