@@ -35,7 +35,6 @@ from ..state import (_NO_KWARGS, TraceState, names_cuda, tensor_args, tensors_ou
 from . import marks as _marks
 from .autocast import cuda_autocast
 from .device import SimDevice
-from .marks import NO_STORAGE
 from .torchlib import serialization, torch_patches
 
 Tensor = torch.Tensor
@@ -300,7 +299,8 @@ class _DispatchMode(TorchDispatchMode):
 
 
 def _dispatcher(sim: SimDevice, state: TraceState) -> Callable[..., Any]:
-    marks, mark_new = sim.cuda_marks.refs, sim.cuda_marks.add_new
+    marks, marked_in = sim.cuda_marks.refs, sim.cuda_marks.inputs
+    mark_outputs = sim.cuda_marks.mark_outputs
 
     def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
                  kwargs: dict | None = None) -> Any:
@@ -328,12 +328,7 @@ def _dispatcher(sim: SimDevice, state: TraceState) -> Callable[..., Any]:
                     kwargs, forced = {**kwargs, "device": _CPU}, True
             any_dev = False
             if marks:
-                dev_in = []
-                for t in ins:
-                    try:
-                        dev_in.append(id(t.untyped_storage()) in marks)
-                    except NO_STORAGE:
-                        dev_in.append(False)
+                dev_in = marked_in(ins)
                 any_dev = True in dev_in
                 if any_dev and False in dev_in and forced is None and sim.mixed(info, ins, dev_in):
                     return sim.dispatch_copy(func, args, kwargs)
@@ -341,13 +336,7 @@ def _dispatcher(sim: SimDevice, state: TraceState) -> Callable[..., Any]:
             on_device = forced if forced is not None else any_dev if ins else (
                 state.call_args is not None and sim.any_cuda(*state.call_args))
             if on_device:
-                for o in ((out,) if isinstance(out, Tensor) else tensors_out(out)):
-                    try:
-                        storage = o.untyped_storage()
-                    except NO_STORAGE:
-                        continue
-                    if (key := id(storage)) not in marks:
-                        mark_new(storage, key)
+                mark_outputs((out,) if isinstance(out, Tensor) else tensors_out(out))
             return out
         finally:
             if disabled is not None:
