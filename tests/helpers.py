@@ -32,8 +32,12 @@ is computed from ``events`` and ``copies`` exactly as ``summarize`` does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import os
 import signal
+import warnings
 from typing import Any
 
 from memcpy_doctor.core.summary import summarize
@@ -158,3 +162,45 @@ def signals_as_default() -> None:
     ignored (and Python then never raises KeyboardInterrupt), one under nohup SIGHUP."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+
+
+@dataclasses.dataclass
+class CliResult:
+    status: int
+    out: str
+    err: str
+
+
+#: Warnings a plain `python` does not print (its default filters): any other one would be a
+#: line more on a real run's stderr.
+_QUIET_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+def cli_in_process(*args: object, cwd: str | os.PathLike | None = None) -> CliResult:
+    """`memcpy-doctor ARGS` in `cwd`, run in this process through ``memcpy_doctor.cli.main``,
+    the function the console script and ``python -m memcpy_doctor`` call: its exit status
+    (SystemExit's code as the interpreter turns it into one), stdout and stderr. It saves the
+    ~2 s a subprocess pays for ``import torch``; keep one real subprocess per command for the
+    path a user runs (tests/test_cli.py and the others), and check the rest of a command's
+    cases here. An exception that escapes main() (a traceback in a real run) fails the test;
+    so does a warning a real run would print on stderr."""
+    from memcpy_doctor.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    where = contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext()
+    with where, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            main([str(a) for a in args])
+            status = 0
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                status = e.code or 0
+            else:  # sys.exit("message"): Python prints it and exits 1
+                print(e.code, file=err)
+                status = 1
+    shown = [w for w in caught if not issubclass(w.category, _QUIET_WARNINGS)]
+    assert not shown, [f"{w.category.__name__}: {w.message}" for w in shown]
+    return CliResult(status, out.getvalue(), err.getvalue())
+

@@ -13,6 +13,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from helpers import cli_in_process
 from memcpy_doctor.run import calibrate as calib
 from memcpy_doctor.core.costmodel import (DeviceProfile, ProfileError, available_profiles,
                                           load_profile)
@@ -253,13 +254,14 @@ def test_cli_calibrate_without_cuda_one_line_exit_2(tmp_path):
 
 
 def test_cli_profile_with_an_unknown_device_profile_lists_names(tmp_path):
+    """Through the console script's entry point in this process (tests/test_cli.py runs
+    profile's usage errors as a subprocess)."""
     script = tmp_path / "s.py"
     script.write_text("pass\n")
-    proc = subprocess.run([sys.executable, "-m", "memcpy_doctor", "profile", "--device", "sim",
-                           "--device-profile", "v100", str(script)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
+    r = cli_in_process("profile", "--device", "sim", "--device-profile", "v100", script,
+                       cwd=tmp_path)
+    assert r.status == 2
+    assert r.err.splitlines() == [
         "memcpy-doctor: error: no device profile named 'v100'; shipped: a100-sxm4-80gb, "
         "h100-sxm5-80gb, h200-sxm-141gb, l4, rtx-4090"]
 

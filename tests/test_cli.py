@@ -3,7 +3,8 @@
 Every test writes its scripts into a temporary directory, runs there (cwd), profiles with
 `--device sim` and writes the trace with `-o` into that directory. Each launch costs about
 2 s (`import torch`) or 4 s (a profiled run), so the checks are grouped: module-scoped
-fixtures run a command once and several tests read the result.
+fixtures run a command once and several tests read the result; a command's usage errors
+after the first go through its entry point in this process.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import memcpy_doctor
-from helpers import signals_as_default
+from helpers import cli_in_process, signals_as_default
 from memcpy_doctor import load_trace, render_text
 
 TIMEOUT = 120
@@ -51,6 +52,13 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> Run:
 def run_cli(*args: object, cwd: Path, env: dict[str, str] | None = None) -> Run:
     """`python -m memcpy_doctor ARGS` in `cwd`."""
     return _run([sys.executable, "-m", "memcpy_doctor", *map(str, args)], cwd, env)
+
+
+def run_in_process(*args: object, cwd: Path) -> Run:
+    """`memcpy-doctor ARGS` in `cwd`, through the console script's entry point in this process
+    (no `import torch` to pay): for the cases of a command after its first, real one."""
+    r = cli_in_process(*args, cwd=cwd)
+    return Run(r.status, r.out.encode(), r.err)
 
 
 def run_python(*args: object, cwd: Path, env: dict[str, str] | None = None) -> Run:
@@ -412,8 +420,9 @@ MARKER_SCRIPT = """
 ], ids=["missing-script", "unknown-option", "bad-device", "bad-sort", "output-dir-missing",
         "unknown-device-profile"])
 def test_profile_usage_errors(tmp_path, args, needles):
+    """The first case as a user runs it (a subprocess), the others through main() here."""
     write(tmp_path / "s.py", MARKER_SCRIPT)
-    r = run_cli(*args, cwd=tmp_path)
+    r = (run_cli if args[-1] == "missing.py" else run_in_process)(*args, cwd=tmp_path)
     assert_usage_error(r, *needles)
     assert r.out == b""
     assert not (tmp_path / "ran.marker").exists(), "the script ran despite the usage error"
@@ -511,8 +520,9 @@ def _write_bad_trace(root: Path, kind: str) -> str:
     ("schema-999", "999"),
 ])
 def test_report_on_an_unreadable_trace(ops_run, kind, needle):
+    """Not valid JSON as a user runs it (a subprocess), the others through main() here."""
     name = _write_bad_trace(ops_run.root, kind)
-    r = run_cli("report", name, cwd=ops_run.root)
+    r = (run_cli if kind == "not-json" else run_in_process)("report", name, cwd=ops_run.root)
     assert_usage_error(r, name, needle)
     assert r.out == b""
 
@@ -568,10 +578,12 @@ def test_explain_and_diff_usage_errors_are_one_line(tmp_path):
     good = run_cli("explain", "trace.json", "--format", "markdown", cwd=tmp_path)
     assert good.status == 0 and "## Copies the host waited for" in good.text
     assert "read once after the loop instead of 3 times at s.py:4" in good.text
-    for args in (("explain", "trace.json", "--device-memory", "lots"),
-                 ("explain", "nope.json"),
-                 ("diff", "trace.json", "nope.json")):
-        bad = run_cli(*args, cwd=tmp_path)
+    # diff's as a user runs it (a subprocess); explain's first is `missing` above; the others
+    # through main() in this process
+    for run, args in ((run_in_process, ("explain", "trace.json", "--device-memory", "lots")),
+                      (run_in_process, ("explain", "nope.json")),
+                      (run_cli, ("diff", "trace.json", "nope.json"))):
+        bad = run(*args, cwd=tmp_path)
         lines = bad.err.strip().splitlines()
         assert bad.status == 2 and len(lines) == 1, (args, bad.err)
         assert lines[0].startswith("memcpy-doctor: error:") and "Traceback" not in bad.err

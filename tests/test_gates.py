@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from helpers import make_trace
+from helpers import cli_in_process, make_trace
 from memcpy_doctor.analysis.gates import (METRICS, GateError, allowed, check, parse_threshold,
                                           parse_tolerance)
 from memcpy_doctor.run.config import load_config
@@ -175,13 +175,15 @@ def test_ci_scenario_item_in_a_loop_fails_the_gate_and_removing_it_passes(tmp_pa
 
 
 def test_check_usage_errors(tmp_path):
+    """The bad threshold as a user runs it (a subprocess), the others through main() in this
+    process."""
     (tmp_path / "t.json").write_text(make_trace().to_json())
-    nothing = _cli("check", "t.json", cwd=tmp_path)
-    assert nothing.returncode == 2 and "nothing to check" in nothing.stderr
+    nothing = cli_in_process("check", "t.json", cwd=tmp_path)
+    assert nothing.status == 2 and "nothing to check" in nothing.err
     bad = _cli("check", "t.json", "--max", "sync_calls=lots", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    missing = _cli("check", "t.json", "--baseline", "none.json", cwd=tmp_path)
-    assert missing.returncode == 2 and "none.json" in missing.stderr
+    missing = cli_in_process("check", "t.json", "--baseline", "none.json", cwd=tmp_path)
+    assert missing.status == 2 and "none.json" in missing.err
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli_in_process
 from memcpy_doctor.core.kineto import from_kineto, load_any
 from memcpy_doctor.core.trace import TraceError
 
@@ -90,21 +91,30 @@ def _cli(*args: object, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def _in_process(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    """The same through the console script's entry point, in this process."""
+    r = cli_in_process(*args, cwd=cwd)
+    return subprocess.CompletedProcess(list(args), r.status, r.out, r.err)
+
+
 def test_report_and_check_read_a_kineto_trace_by_its_content(tmp_path):
+    """report and check each once as a user runs them (a subprocess), the other cases through
+    main() in this process."""
     (tmp_path / "plain.json").write_text(json.dumps(kineto_trace()))
     (tmp_path / "trace.pt.trace.json.gz").write_bytes(gzip.compress(
         json.dumps(kineto_trace()).encode()))
-    for name in ("plain.json", "trace.pt.trace.json.gz"):
+    for name, run in (("plain.json", _cli), ("trace.pt.trace.json.gz", _in_process)):
         assert load_any(str(tmp_path / name)).summary.memcpy_sync.calls == 2
-        r = _cli("report", name, cwd=tmp_path)
+        r = run("report", name, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert ("Place: CUDA:0 (measured on NVIDIA A100-SXM4-80GB; imported from "
                 "torch.profiler)") in r.stdout
         assert "  GpuMemcpySync          Calls: 2 " in r.stdout
     assert _cli("check", "--max", "sync_calls=0", "plain.json", cwd=tmp_path).returncode == 1
-    assert _cli("check", "--max", "sync_calls=2", "plain.json", cwd=tmp_path).returncode == 0
+    assert _in_process("check", "--max", "sync_calls=2", "plain.json",
+                       cwd=tmp_path).returncode == 0
     (tmp_path / "cpu.json").write_text(json.dumps({"traceEvents": [_x("cpu_op", "a", 0, 1)]}))
-    r = _cli("report", "cpu.json", cwd=tmp_path)
+    r = _in_process("report", "cpu.json", cwd=tmp_path)
     assert r.returncode == 2 and "no CUDA activity" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -137,5 +147,5 @@ def test_import_writes_one_trace_per_rank(tmp_path):
     saved = load_any(str(tmp_path / "run.rank1.json"))
     assert (saved.meta.rank, saved.meta.world_size) == (1, 2)
     assert saved.meta.imported_from == "r1.json.gz"
-    r = _cli("import", "run.rank0.json", cwd=tmp_path)  # ours: nothing to import
+    r = _in_process("import", "run.rank0.json", cwd=tmp_path)  # ours: nothing to import
     assert r.returncode == 2 and "give torch.profiler traces" in r.stderr

@@ -1,7 +1,8 @@
 """Torch.profiler traces memcpy-doctor cannot read, or only in part: truncated, malformed,
 CPU only, a range profiler's (runtime calls, no device rows), another vendor's copy names.
 Each gets one clear line and exit status 2, or a report that says what was missing; never a
-traceback (the CLI as a subprocess; calibrate --from-trace through its library call)."""
+traceback (the CLI as a subprocess for one of them, through its entry point in this process for
+the others; calibrate --from-trace through its library call)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli_in_process
 from memcpy_doctor.run.calibrate import CalibrationError
 from memcpy_doctor.run.calibrate_trace import trace_timings
 
@@ -48,19 +50,32 @@ BAD = {
 }
 
 
-def _cli(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memcpy_doctor", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def _cli(*args: object, cwd: Path) -> tuple[int, str, str]:
+    """`memcpy-doctor ARGS` as a user runs it: (exit status, stdout, stderr)."""
+    r = subprocess.run([sys.executable, "-m", "memcpy_doctor", *map(str, args)], cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def _in_process(*args: object, cwd: Path) -> tuple[int, str, str]:
+    """The same through the console script's entry point, in this process."""
+    r = cli_in_process(*args, cwd=cwd)
+    return r.status, r.out, r.err
+
+
+#: The case run as a real subprocess; the others go through main() in this process.
+AS_A_USER_RUNS_IT = "truncated.json.gz"
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_an_unreadable_trace_is_one_line_and_status_2(tmp_path, name):
     content, message = BAD[name]
     (tmp_path / name).write_bytes(content)
-    r = _cli("report", name, cwd=tmp_path)
-    assert r.returncode == 2, r.stdout
-    assert r.stderr.startswith(f"memcpy-doctor: error: {name}: ") and message in r.stderr
-    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+    run = _cli if name == AS_A_USER_RUNS_IT else _in_process
+    status, out, err = run("report", name, cwd=tmp_path)
+    assert status == 2, out
+    assert err.startswith(f"memcpy-doctor: error: {name}: ") and message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
     if name not in ("cpu_only.json", "range_profiler.json"):  # these two just have no copies
         with pytest.raises(CalibrationError, match=message):
             trace_timings([str(tmp_path / name)])
@@ -72,7 +87,7 @@ def test_copies_of_an_unfamiliar_kind_are_named_in_the_report(tmp_path):
         _x("cuda_runtime", "hipMemcpyWithStream", 10, 5, correlation=2),
         _x("gpu_memcpy", "CopyHostToDevice", 11, 2, correlation=2, bytes=64)]
     (tmp_path / "rocm.json").write_text(json.dumps(data))
-    r = _cli("report", "rocm.json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    status, out, err = _in_process("report", "rocm.json", cwd=tmp_path)
+    assert status == 0, err
     assert ("1 gpu_memcpy events of a kind this version does not read (such as "
-            "'CopyHostToDevice'; HtoH, or another vendor's)") in r.stdout
+            "'CopyHostToDevice'; HtoH, or another vendor's)") in out

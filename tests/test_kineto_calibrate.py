@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli_in_process
 from memcpy_doctor.core.costmodel import DeviceProfile, load_profile
 from memcpy_doctor.run.calibrate import CalibrationError
 from memcpy_doctor.run.calibrate_trace import fit_copy_path, fit_trace, trace_timings
@@ -130,11 +131,13 @@ def test_the_cli_writes_a_profile_from_a_trace(tmp_path):
     assert lines[-1] == ("memcpy-doctor: device profile of NVIDIA A100-SXM4-80GB written to "
                          "p.json")
     assert load_profile(str(tmp_path / "p.json")).copy_setup["DtoH_pageable"] == 3000
-    for args, message in [(("calibrate", "k.json.gz"), "give --from-trace"),
-                          (("calibrate", "--from-trace"), "give one or more"),
+    # the first usage error as a user runs it (a subprocess), the others through main() here
+    r = _cli("calibrate", "k.json.gz", cwd=tmp_path)
+    assert r.returncode == 2 and "give --from-trace" in r.stderr and "Traceback" not in r.stderr
+    for args, message in [(("calibrate", "--from-trace"), "give one or more"),
                           (("calibrate", "--from-trace", "nope.json"), "cannot read")]:
-        r = _cli(*args, cwd=tmp_path)
-        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+        r = cli_in_process(*args, cwd=tmp_path)
+        assert r.status == 2 and message in r.err and "Traceback" not in r.err
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kineto is not here")
