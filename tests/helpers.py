@@ -38,7 +38,8 @@ import io
 import os
 import signal
 import warnings
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from memcpy_doctor.core.summary import summarize
 from memcpy_doctor.core.trace import (CopyRecord, EventRow, Meta, OpRecord, OpRef, Site, Trace,
@@ -203,4 +204,15 @@ def cli_in_process(*args: object, cwd: str | os.PathLike | None = None) -> CliRe
     shown = [w for w in caught if not issubclass(w.category, _QUIET_WARNINGS)]
     assert not shown, [f"{w.category.__name__}: {w.message}" for w in shown]
     return CliResult(status, out.getvalue(), err.getvalue())
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Call each function (no arguments) in a thread of its own, as many at a time as there
+    are CPUs, and return their results in order; the first exception is raised. For runs of
+    independent subprocesses (a profiled and a plain run of one script): most of each is
+    ``import torch``, CPU bound, which the processes then do side by side."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(calls), cpus or 1))) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
 

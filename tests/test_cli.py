@@ -3,8 +3,9 @@
 Every test writes its scripts into a temporary directory, runs there (cwd), profiles with
 `--device sim` and writes the trace with `-o` into that directory. Each launch costs about
 2 s (`import torch`) or 4 s (a profiled run), so the checks are grouped: module-scoped
-fixtures run a command once and several tests read the result; a command's usage errors
-after the first go through its entry point in this process.
+fixtures run a command once and several tests read the result; the plain run a profiled run
+is compared with runs beside it; a command's usage errors after the first go through its
+entry point in this process.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import memcpy_doctor
-from helpers import cli_in_process, signals_as_default
+from helpers import cli_in_process, concurrently, signals_as_default
 from memcpy_doctor import load_trace, render_text
 
 TIMEOUT = 120
@@ -158,10 +159,11 @@ def env_runs(tmp_path_factory) -> EnvRuns:
     proj = root / "proj"
     write(proj / "s.py", ENV_SCRIPT)
     write(proj / "sibling_mod.py", 'VALUE = "sibling-ok"\n')
-    prof = profile("proj/s.py", *SCRIPT_ARGS, cwd=root,
-                   env={"MD_ENV_OUT": str(root / "env_prof.json")})
-    plain = run_python("proj/s.py", *SCRIPT_ARGS, cwd=root,
-                       env={"MD_ENV_OUT": str(root / "env_plain.json")})
+    prof, plain = concurrently(
+        lambda: profile("proj/s.py", *SCRIPT_ARGS, cwd=root,
+                        env={"MD_ENV_OUT": str(root / "env_prof.json")}),
+        lambda: run_python("proj/s.py", *SCRIPT_ARGS, cwd=root,
+                           env={"MD_ENV_OUT": str(root / "env_plain.json")}))
     assert plain.status == 0, plain.err
     assert prof.status == 0, prof.err
     return EnvRuns(root, proj, prof, plain,
@@ -303,8 +305,8 @@ def test_uncaught_exception_prints_pythons_traceback(tmp_path):
         outer()
         print("not reached")
     """)
-    r = profile("s.py", cwd=tmp_path)
-    plain = run_python("s.py", cwd=tmp_path)
+    r, plain = concurrently(lambda: profile("s.py", cwd=tmp_path),
+                            lambda: run_python("s.py", cwd=tmp_path))
     check_cut_short(r, tmp_path / "trace.json", 1, "exception")
     assert r.out == plain.out
     tb = traceback_part(r.err)
@@ -555,8 +557,8 @@ def test_warnings_from_inside_ops_point_at_the_users_line(tmp_path):
         z = float(y)
         print(z)
     """)
-    plain = run_python("w.py", cwd=tmp_path)
-    profiled = profile("w.py", cwd=tmp_path)
+    plain, profiled = concurrently(lambda: run_python("w.py", cwd=tmp_path),
+                                   lambda: profile("w.py", cwd=tmp_path))
     assert profiled.status == plain.status == 0
     warning = [line for line in plain.err.splitlines() if "UserWarning" in line]
     assert warning and warning[0].startswith(f"{script}:{line_of(script, 'z = float(y)')}:")
@@ -572,18 +574,21 @@ def test_explain_and_diff_usage_errors_are_one_line(tmp_path):
             t.sum().item()
     """)
     assert profile(script.name, cwd=tmp_path).status == 0
+    # the commands that read the trace, side by side; each usage error after the first of a
+    # command goes through main() in this process
+    missing, good, bad_diff = concurrently(
+        lambda: run_cli("explain", cwd=tmp_path),
+        lambda: run_cli("explain", "trace.json", "--format", "markdown", cwd=tmp_path),
+        lambda: run_cli("diff", "trace.json", "nope.json", cwd=tmp_path))
     # without TRACE, explain reads the default path: not written here (-o trace.json)
-    missing = run_cli("explain", cwd=tmp_path)
     assert missing.status == 2 and "memcpy_doctor_trace.json" in missing.err
-    good = run_cli("explain", "trace.json", "--format", "markdown", cwd=tmp_path)
     assert good.status == 0 and "## Copies the host waited for" in good.text
     assert "read once after the loop instead of 3 times at s.py:4" in good.text
-    # diff's as a user runs it (a subprocess); explain's first is `missing` above; the others
-    # through main() in this process
-    for run, args in ((run_in_process, ("explain", "trace.json", "--device-memory", "lots")),
-                      (run_in_process, ("explain", "nope.json")),
-                      (run_cli, ("diff", "trace.json", "nope.json"))):
-        bad = run(*args, cwd=tmp_path)
+    for args, bad in (
+            (("explain", "trace.json", "--device-memory", "lots"),
+             run_in_process("explain", "trace.json", "--device-memory", "lots", cwd=tmp_path)),
+            (("explain", "nope.json"), run_in_process("explain", "nope.json", cwd=tmp_path)),
+            (("diff", "trace.json", "nope.json"), bad_diff)):
         lines = bad.err.strip().splitlines()
         assert bad.status == 2 and len(lines) == 1, (args, bad.err)
         assert lines[0].startswith("memcpy-doctor: error:") and "Traceback" not in bad.err

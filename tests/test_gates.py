@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from helpers import cli_in_process, make_trace
+from helpers import cli_in_process, concurrently, make_trace
 from memcpy_doctor.analysis.gates import (METRICS, GateError, allowed, check, parse_threshold,
                                           parse_tolerance)
 from memcpy_doctor.run.config import load_config
@@ -163,13 +163,16 @@ def test_ci_scenario_item_in_a_loop_fails_the_gate_and_removing_it_passes(tmp_pa
         assert "train.py:10" not in run.stdout.split("Copy paths to fix:")[1]
     assert runs[0].stdout == runs[1].stdout  # the same answer twice on the same commit
 
-    annotations = _cli("check", "new.json", "--format", "github", cwd=tmp_path)
+    # the annotations of new.json and the run with the fix do not touch each other's files:
+    # side by side
+    train.write_text(TRAIN)
+    annotations, fixed = concurrently(
+        lambda: _cli("check", "new.json", "--format", "github", cwd=tmp_path),
+        lambda: _cli("profile", "--device", "sim", "--gate", "-o", "fixed.json", "train.py",
+                     cwd=tmp_path))
     assert annotations.returncode == 1
     assert "::error file=train.py,line=9," in annotations.stdout
 
-    train.write_text(TRAIN)
-    fixed = _cli("profile", "--device", "sim", "--gate", "-o", "fixed.json", "train.py",
-                 cwd=tmp_path)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "memcpy-doctor check: passed" in fixed.stdout
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import concurrently
 from memcpy_doctor import load_trace
 from memcpy_doctor.core.trace import CopyRecord, Trace
 
@@ -65,7 +66,7 @@ class SampleRun:
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
-    """sample(name): run it plainly and profiled, once per module."""
+    """sample(name): run it plainly and profiled (side by side), once per module."""
     cache: dict[str, SampleRun] = {}
     out_dir = tmp_path_factory.mktemp("samples")
 
@@ -73,9 +74,10 @@ def sample(tmp_path_factory):
         if name not in cache:
             script = f"sample_models/{name}"
             trace_path = out_dir / f"{name}.trace.json"
-            plain = run(script)
-            prof = run("-m", "memcpy_doctor", "profile", "--device", "sim", "-o", trace_path,
-                       script)
+            plain, prof = concurrently(
+                lambda: run(script),
+                lambda: run("-m", "memcpy_doctor", "profile", "--device", "sim", "-o",
+                            trace_path, script))
             assert plain.returncode == 0, plain.stderr.decode()
             assert prof.returncode == 0, prof.stderr.decode()
             trace = load_trace(trace_path)

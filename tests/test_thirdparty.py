@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import memcpy_doctor
+from helpers import concurrently
 from memcpy_doctor import load_trace
 
 try:
@@ -73,9 +74,10 @@ def run_traced(name: str, tmp_path: pathlib.Path):
 
 def run_unchanged(name: str, tmp_path: pathlib.Path, plain_env: dict | None = None):
     """The program's trace under the tracer, once its result line is checked to be the one a
-    plain run prints, and its copies to hold none of the old phantoms."""
-    want = run_plain(name, plain_env)
-    got, trace = run_traced(name, tmp_path)
+    plain run prints, and its copies to hold none of the old phantoms. The two runs go side
+    by side."""
+    want, (got, trace) = concurrently(lambda: run_plain(name, plain_env),
+                                      lambda: run_traced(name, tmp_path))
     assert _result_line(got) == want
     assert_no_phantoms(trace)
     return trace
