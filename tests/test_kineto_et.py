@@ -7,9 +7,7 @@ join and the tensor layout of this PyTorch; the CLI as a user runs it; and the f
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import json
 import subprocess
 import sys
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from memcpy_doctor.cli import main
+from helpers import cli_in_process
 from memcpy_doctor.core.kineto import (INFERRED_NOTE, from_kineto, kineto_pid, load_any,
                                        read_execution_trace)
 from memcpy_doctor.core.kineto_et import EtJoin, parse_execution_trace
@@ -253,14 +251,9 @@ def test_a_real_et_joins_its_profile_by_record_function_id(tmp_path):
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-            status = 0
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else 1
-    return status, out.getvalue(), err.getvalue()
+    """memcpy-doctor ARGS in this process: its status, stdout and stderr."""
+    r = cli_in_process(*args)
+    return r.status, r.out, r.err
 
 
 def _write(path: Path, data: object) -> str:
