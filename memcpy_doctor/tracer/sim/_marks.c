@@ -9,8 +9,9 @@
    cost"). Here the reference is a C subclass of weakref.ref that carries the storage's key
    and size, made without the Python constructor, and the callback is a C method.
 
-   The table itself stays a plain dict (`refs`: id(storage) -> reference) that the per-op path
-   tests with `in`, as it does the Python version's. */
+   The table itself stays a plain dict (`refs`: id(storage) -> reference), as in the Python
+   version, which the rest of the simulated GPU reads; the per-op path asks `inputs` and
+   `mark_outputs`, one call an op each, instead of a loop of its own. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
