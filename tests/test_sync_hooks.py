@@ -1,5 +1,5 @@
-"""Hooks below the dispatcher (tracer/cuda.py SyncHooks): CUDA's own synchronization callbacks
-report waits inside C++ ops at the user's line, skip the waits the tracer records anyway, and
+"""Hooks below the dispatcher (tracer/cuda_hooks.py SyncHooks): CUDA's own synchronization
+callbacks report waits inside C++ ops at the user's line, skip the waits the tracer records anyway, and
 are removed when the tracer stops. The callbacks are driven by hand here (as CUDA would fire
 them); the real GPU end to end is cuda-marked."""
 
@@ -14,7 +14,8 @@ import memcpy_doctor
 from memcpy_doctor.core.torch_private import gpu_trace
 from memcpy_doctor.core.costmodel import load_profile
 from memcpy_doctor.tracer import cuda as tcuda
-from memcpy_doctor.tracer.cuda import SyncHooks, records_waits
+from memcpy_doctor.tracer.cuda_hooks import SyncHooks, records_waits
+from memcpy_doctor.tracer.cuda_timer import CudaTimer
 from memcpy_doctor.tracer.optable import op_info
 from memcpy_doctor.tracer.state import TraceState
 
@@ -28,6 +29,8 @@ class FakeState:
         self.suspended = False
         self.recording = 0
         self.running_op = None
+        self.sync_at_ns = 0
+        self.sync_kind = ""
         self.waits: list[tuple[str, int]] = []
 
     def host_wait(self, kind: str, measured_ns: int = 0) -> None:
@@ -35,7 +38,7 @@ class FakeState:
 
 
 def hooks_with(state, drained: list) -> SyncHooks:
-    return SyncHooks(state, drain_stream=lambda s: drained.append(("stream", s)),
+    return SyncHooks(lambda: state, drain_stream=lambda s: drained.append(("stream", s)),
                      drain_device=lambda: drained.append(("device",)))
 
 
@@ -54,7 +57,8 @@ def test_stream_device_and_event_waits_are_reported():
 
 def test_waits_are_timed_by_the_drain():
     state = FakeState()
-    hooks = SyncHooks(state, drain_stream=lambda s: _spin(2_000_000), drain_device=lambda: None)
+    hooks = SyncHooks(lambda: state, drain_stream=lambda s: _spin(2_000_000),
+                      drain_device=lambda: None)
     hooks.on_stream_sync(1)
     assert state.waits[0][1] >= 2_000_000
 
@@ -73,18 +77,23 @@ def test_nothing_while_suspended():
     assert state.waits == [] and drained == []
 
 
-def test_only_the_tracing_threads_waits():
+def test_a_thread_without_a_state_waits_unrecorded():
+    # the tracer's answer for a thread it does not trace (tracer.Tracer._waiting_state)
     state, drained = FakeState(), []
-    hooks = hooks_with(state, drained)
-    worker = threading.Thread(target=hooks.on_device_sync)
+    main = threading.get_ident()
+    hooks = SyncHooks(lambda: state if threading.get_ident() == main else None,
+                      drain_stream=lambda s: drained.append(s), drain_device=lambda: None)
+    worker = threading.Thread(target=hooks.on_stream_sync, args=(1,))
     worker.start()
     worker.join()
     assert state.waits == [] and drained == []
+    hooks.on_stream_sync(2)
+    assert [kind for kind, _ in state.waits] == ["stream_synchronize"] and drained == [2]
 
 
 def test_the_drain_firing_the_callback_again_is_one_wait():
     state = FakeState()
-    hooks = SyncHooks(state, drain_stream=lambda s: hooks.on_stream_sync(s),
+    hooks = SyncHooks(lambda: state, drain_stream=lambda s: hooks.on_stream_sync(s),
                       drain_device=lambda: hooks.on_device_sync())
     hooks.on_stream_sync(5)
     hooks.on_device_sync()
@@ -103,12 +112,17 @@ def test_the_drain_firing_the_callback_again_is_one_wait():
     (aten.mm.default, False, "aten::mm"),  # no copy: a wait inside it is the hook's
 ])
 def test_a_wait_inside_an_op(func, recorded, op):
+    # marked, not drained: the per-op path times it to the op's return and records it, as
+    # the op's copy or as a wait named after the op (test_a_wait_inside_an_unlisted_op...)
     state, drained = FakeState(), []
     state.running_op = op_info(func)
-    hooks_with(state, drained).on_stream_sync(1)
-    assert records_waits(op_info(func)) is recorded
-    assert [kind for kind, _ in state.waits] == ([] if recorded else
-                                                  [f"stream_synchronize in {op}"])
+    hooks = hooks_with(state, drained)
+    hooks.on_stream_sync(1)
+    first = state.sync_at_ns
+    hooks.on_device_sync()  # a second wait in the same op: timed from the first
+    assert records_waits(op_info(func)) is recorded and op_info(func).name == op
+    assert state.waits == [] and drained == []
+    assert first > 0 and state.sync_at_ns == first and state.sync_kind == "stream_synchronize"
 
 
 def test_a_wait_the_tracer_records_itself():
@@ -158,16 +172,23 @@ def test_a_wait_inside_a_recorded_copy_is_not_reported_by_an_op_inside_it():
 def test_a_wait_inside_an_unlisted_op_is_named_after_it():
     # The real GPU's per-op path (tracer/cuda.py gpu_op) runs a custom op whose kernel
     # synchronizes, as a C++ op nobody listed would; run here on host tensors.
-    state = TraceState(load_profile(), None, tcuda.CudaTimer())
+    # Its wait is timed from CUDA's callback to the op's return (memcpy_and_sync fires the
+    # callback before its copy and its wait): the 2 ms the kernel spins after it, here.
+    state = TraceState(load_profile(), None, CudaTimer())
     hooks = hooks_with(state, [])
     lib = torch.library.Library("mdsynctest", "FRAGMENT")
     lib.define("waits(Tensor x) -> Tensor")
-    lib.impl("waits", lambda x: hooks.on_stream_sync(3) or x.clone(), "CompositeExplicitAutograd")
+    lib.impl("waits", lambda x: hooks.on_stream_sync(3) or _spin(2_000_000) or x.clone(),
+             "CompositeExplicitAutograd")
     run = tcuda.gpu_op(state, lambda *a: None)
-    out = run(torch.ops.mdsynctest.waits.default, (torch.ones(2),), {})
-    assert out.tolist() == [1.0, 1.0] and state.running_op is None
-    assert [w.kind for w in state.collector.wait_records()] == [
-        "stream_synchronize in mdsynctest::waits"]
+    dispatch = lambda *args: run(*args)  # noqa: E731  (the dispatch mode's frame)
+    out = dispatch(torch.ops.mdsynctest.waits.default, (torch.ones(2),), {})
+    assert out.tolist() == [1.0, 1.0] and state.running_op is None and state.sync_at_ns == 0
+    (wait,) = state.collector.wait_records()
+    assert wait.kind == "stream_synchronize in mdsynctest::waits" and wait.calls == 1
+    assert wait.wait_ns >= 2_000_000
+    assert (wait.site.file, wait.site.function) == (
+        __file__, "test_a_wait_inside_an_unlisted_op_is_named_after_it")
 
 
 # ----- on a real TraceState: the user's line -----

@@ -31,13 +31,15 @@ from ..core.trace import Meta, Trace
 from .sim import marks as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
-from .cuda import CudaTimer, SyncHooks, wait_patches
+from .cuda import device_peaks, run_peak, wait_patches
+from .cuda_hooks import SyncHooks
+from .cuda_timer import CudaTimer
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .sim.device import SimDevice
 from .sim.session import session_sim
 from .sim.autocast import cuda_autocast
 from .sim.torchlib import serialization, torch_patches
-from .state import TraceState
+from .state import UNRESOLVED, TraceState
 
 _active_lock = threading.Lock()
 _active: list[Tracer] = []
@@ -104,6 +106,8 @@ class Tracer:
         self._siblings: list[TraceState] = []  # the states of other traced threads
         #: the running ones, by thread ident (the simulated device reads it too)
         self._thread_states: dict[int, TraceState] = {}
+        self._thread = threading.get_ident()  # the tracing thread (set again by start)
+        self._peaks_before: list[int] = []  # real GPU: the allocator's peaks at the start
 
     def start(self) -> Tracer:
         if inside_guard():
@@ -113,6 +117,7 @@ class Tracer:
             if _active:
                 raise RuntimeError("a memcpy-doctor tracer is already running in this process")
             _active.append(self)
+        self._thread = threading.get_ident()
         stack = ExitStack()
         stack.callback(_active.clear)
         try:
@@ -145,7 +150,8 @@ class Tracer:
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
                 handlers = self._handlers(state)
                 stack.enter_context(_Patch(wait_patches(self._state_here)))
-                stack.enter_context(SyncHooks(state))  # waits inside C++ ops
+                stack.enter_context(SyncHooks(self._waiting_state))  # inside C++ code
+                self._peaks_before = device_peaks()
             self._state = state
             stack.enter_context(_Patch([(threading.Thread, "start",
                                          _traced_start(self))]))
@@ -192,6 +198,20 @@ class Tracer:
     def _state_here(self) -> TraceState:
         """The calling thread's state."""
         return self._thread_states.get(threading.get_ident(), self._state)
+
+    def _waiting_state(self) -> TraceState | None:
+        """The state a host wait that CUDA reports on the calling thread belongs to: the
+        thread's own; on a thread the tracer does not trace, that of a traced thread now in a
+        backward pass (autograd runs a GPU's backward ops on threads of its own, under the
+        modes of the thread that called backward); else None."""
+        ident = threading.get_ident()
+        state = self._thread_states.get(ident)
+        if state is not None or ident == self._thread:
+            return state or self._state
+        for state in (self._state, *self._siblings):
+            if state is not None and state.backward_site is not UNRESOLVED:
+                return state
+        return None
 
     def _clock(self, state: TraceState) -> Any:
         timeline = state.timeline
@@ -249,12 +269,17 @@ class Tracer:
         col = state.collector
         events = col.event_rows()
         copies = col.copy_records()
+        notes = []
         if state.timeline is not None:
             total = state.timeline.end_ns()
             peak = self._sim.cuda_marks.peak if self._sim else None
         else:
             total = end_ns - self._start_ns
-            peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+            peak = run_peak(self._peaks_before, device_peaks())
+            if peak is None:
+                notes.append("peak memory: not known; the allocator's peak before the run was "
+                             "higher than any during it (torch.cuda.reset_peak_memory_stats() "
+                             "before tracing gives it)")
         simulated = self.device == "sim"
         meta = Meta(
             device=self.device, simulated=simulated,
@@ -262,6 +287,7 @@ class Tracer:
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
             memcpy_doctor_version=__version__, wall_ns=end_ns - self._start_ns)
+        meta.untraced += notes
         if col.transfers_dropped:
             meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
                                  f"first {len(col.transfers)} are counted but not logged")

@@ -1,80 +1,29 @@
-"""The real GPU: its steps of the per-op path, device time per op and per copy from CUDA
-events, host waits measured.
+"""The real GPU: its steps of the per-op path, its copies and host waits, measured.
 
 `gpu_op` runs an op on a real GPU inside the per-op path's guard (tracer/perop.py): a copy
 between devices is recorded as a copy (`real_copy`), any other op is timed by CUDA events
-when it has device work and recorded by the shared last steps.
-
-Events are taken from a pool and resolved without blocking the program: pending pairs are
-read back once they have completed (checked every few hundred ops and at every host wait),
-and all of them at the end, so the program's own synchronization is never changed.
+(tracer/cuda_timer.py) when it launches device work, and recorded by the shared last steps.
 Host waits are caught twice: the Python calls that wait are wrapped (`wait_patches`), and
-CUDA's own synchronization callbacks (`SyncHooks`) catch the waits inside C++ ops.
+CUDA's own synchronization callbacks (tracer/cuda_hooks.py) catch the waits inside C++ code.
+The data factories copy below the dispatcher and are recorded by the function mode
+(`factory_handler`).
 """
 
 from __future__ import annotations
 
-import threading
 from time import perf_counter_ns
 from typing import Any, Callable
 
 import torch
 
-from ..core.torch_private import gpu_trace
+from ..core.torch_private import default_device_type
+from .cuda_hooks import COPY_OPS, records_waits
 from .optable import OP_INFO, OpInfo, op_info
+from .sim.torchlib import tensors_in_data
 from .state import (UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
                     with_kwarg_tensors)
 
 Tensor = torch.Tensor
-
-#: Pending event pairs checked for completion every this many ops.
-_POLL_EVERY = 256
-
-
-class CudaTimer:
-    """CUDA event pairs around device work, resolved into the aggregates later."""
-
-    def __init__(self) -> None:
-        self._pool: list[Any] = []
-        self._pending: list[tuple[Any, Any, Any, int]] = []
-        self._since_poll = 0
-
-    def _event(self) -> Any:
-        return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-
-    def begin(self) -> Any:
-        start = self._event()
-        start.record()
-        return start
-
-    def cancel(self, start: Any) -> None:
-        self._pool.append(start)
-
-    def end(self, start: Any, target: Any, host_ns: int) -> None:
-        """`target.add_device(ns, host_ns)` is called once the device has run the work."""
-        stop = self._event()
-        stop.record()
-        self._pending.append((start, stop, target, host_ns))
-        self._since_poll += 1
-        if self._since_poll >= _POLL_EVERY:
-            self.poll()
-
-    def poll(self) -> None:
-        """Resolve the pairs that have completed, in order; stop at the first that has not."""
-        self._since_poll = 0
-        done = 0
-        for start, stop, target, host_ns in self._pending:
-            if not stop.query():
-                break
-            target.add_device(int(start.elapsed_time(stop) * 1e6), host_ns)
-            self._pool.append(start)
-            self._pool.append(stop)
-            done += 1
-        del self._pending[:done]
-
-    def finish(self) -> None:
-        torch.cuda.synchronize()
-        self.poll()
 
 
 def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
@@ -104,21 +53,11 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
     ]
 
 
-def records_waits(info: OpInfo) -> bool:
-    """Whether the tracer records the host waits of the op `info` as copies: a copy between
-    devices, or an op that reads device data back (item, nonzero, a masked index, ...).
-    Any other op that waits (a C++ op nobody listed) is not recorded by the per-op path."""
-    return info.reads or info.short in _COPY_OPS
-
-
-#: The ops a real GPU's copies between devices run as.
-_COPY_OPS = ("_to_copy", "copy_")
-
-
 def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]:
     """The real GPU's steps of the per-op path for `state`: `run(func, args, kwargs)` runs one
     aten op and records it with `record` (tracer/perop.py's `recorder`), inside the per-op
-    path's guard. An op with device work is timed by CUDA events around it."""
+    path's guard. An op that launches device work is timed by CUDA events around it; a
+    host wait inside it (reported by cuda_hooks.SyncHooks) is timed to its return."""
     timer = state.timer
 
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -129,21 +68,26 @@ def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]
         dev_in = [t.is_cuda for t in ins]
         any_dev = True in dev_in
         to_cuda = names_cuda(kwargs.get("device"))  # .to("cuda") of a host tensor, a factory
-        if info.short in _COPY_OPS and (any_dev or to_cuda):
+        if info.short in COPY_OPS and (any_dev or to_cuda):
             copied = real_copy(state, info, func, args, kwargs)
             if copied is not None:
                 return copied[0]
         site = state.call_site
         if site is UNRESOLVED:
             site = state.op_site(3)
-        mark = timer.begin() if any_dev or (not ins and to_cuda) else None
+        mark = None
+        if info.kernel and (any_dev or (not ins and to_cuda)):  # (a view launches nothing)
+            mark = timer.begin(0 if timer.devices < 2 else _device_of(
+                ins[dev_in.index(True)] if any_dev else None, kwargs.get("device")))
         prev, state.running_op = state.running_op, info
         t0 = perf_counter_ns()
         try:
             out = info.call(*args, **kwargs)
         finally:
             state.running_op = prev
-        host_ns = perf_counter_ns() - t0
+            t1 = perf_counter_ns()
+            sync_at, state.sync_at_ns = state.sync_at_ns, 0
+        host_ns = t1 - t0
         outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
         if any_dev:
             device = f"cuda:{ins[dev_in.index(True)].get_device()}"
@@ -151,7 +95,15 @@ def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]
             device = f"cuda:{outs[0].get_device()}"
         else:
             device = "cpu"
-        agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site, host_ns)
+        if sync_at:  # the host waited inside the op: for its copy, or named after it
+            state.waited_ns = t1 - sync_at
+        try:
+            agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site,
+                         host_ns)
+        finally:
+            state.waited_ns = 0
+        if sync_at and not records_waits(info):
+            state.host_wait(f"{state.sync_kind} in {info.name}", t1 - sync_at, site)
         if mark is not None:  # the op's device time, from its events once they are read
             if agg is not None:
                 timer.end(mark, agg, host_ns)
@@ -160,6 +112,16 @@ def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]
         return out
 
     return run
+
+
+def _device_of(tensor: Tensor | None, device: Any) -> int:
+    """The index of the GPU an op's device work runs on: its device input's, else the one
+    its `device` argument names, else the current one."""
+    if tensor is not None:
+        return tensor.get_device()
+    if isinstance(device, torch.device) and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()
 
 
 def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
@@ -177,18 +139,21 @@ def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
         dst, src = args[0], args[1]
         if dst.device == src.device:
             return None
+        target = dst.device
         dst_cuda = dst.is_cuda
         non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
     if src.is_cuda and dst_cuda:
-        direction, pinned = "DtoD", None
+        host_pinned = None
     elif dst_cuda:
-        direction, pinned = "HtoD", src.is_pinned()
+        host_pinned = src.is_pinned()
     else:
-        direction, pinned = "DtoH", non_blocking
-    sync = not non_blocking or (direction == "DtoH" and info.short == "copy_"
-                                and not args[0].is_pinned())
-    site = state.sites.resolve()
-    mark = state.timer.begin()
+        host_pinned = args[0].is_pinned() if info.short == "copy_" else None
+    direction, pinned, sync = copy_kind(info.short, src.is_cuda, dst_cuda, non_blocking,
+                                        host_pinned)
+    site = state.here()
+    timer = state.timer
+    mark = timer.begin(0 if timer.devices < 2 else _device_of(
+        src if src.is_cuda else None, target))
     t0 = perf_counter_ns()
     out = state.run_recorded(func, args, kwargs)
     host_ns = perf_counter_ns() - t0
@@ -196,97 +161,79 @@ def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
     trigger = state.trigger or ("to" if info.short == "_to_copy" else "copy_")
     pending = state.record_copy(direction, sync, pinned, trigger, dst_t.nbytes, host_ns, 0,
                                 site, src, dst_t, src)
-    state.timer.end(mark, pending, host_ns)
+    timer.end(mark, pending, host_ns)
     state.collector.inherit_producer(dst_t, src)
     return (out,)
 
 
-class SyncHooks:
-    """Host waits reported by CUDA itself (`torch.cuda._gpu_trace`), below the dispatcher.
+def copy_kind(op: str, src_cuda: bool, dst_cuda: bool, non_blocking: bool,
+              host_pinned: bool | None) -> tuple[str, bool | None, bool]:
+    """(direction, pinned, sync) of a copy between devices made by `op` (`_to_copy` or
+    `copy_`), as PyTorch runs it (Copy.cu): between GPUs, copy_device_to_device never waits
+    on the host; from the host (`host_pinned`: whether the source is pinned), a copy
+    without non_blocking is memcpy_and_sync, pinned or not; to the host, `.to(non_blocking=True)`
+    allocates its output pinned, while `copy_` writes into the caller's buffer
+    (`host_pinned`: the destination's), and into pageable memory the host waits."""
+    if src_cuda and dst_cuda:
+        return "DtoD", None, False
+    if dst_cuda:
+        return "HtoD", host_pinned, not non_blocking
+    pinned = non_blocking if op == "_to_copy" else bool(host_pinned)
+    return "DtoH", pinned, not (non_blocking and pinned)
 
-    Op-level tracing sees a wait only where an op or a patched Python call is known to wait.
-    A C++ op may call cudaStreamSynchronize on its own; PyTorch then fires the stream (device,
-    event) synchronization callbacks, which land here, on the program's own stack, so the
-    wait is recorded at the user's line, named after the op (`stream_synchronize in
-    aten::foo`). Waits the tracer records anyway are skipped: those inside a copy or wait
-    it records itself (`TraceState.recording`) and those of an op it records as a copy
-    (`TraceState.running_op`, `records_waits`).
 
-    Stream and device waits are timed by draining that stream (device) first, which the
-    program was about to do anyway; an event wait cannot be drained from its handle and is
-    counted with no time. Only the tracing thread's waits count (the modes see no other).
-    Entering registers the callbacks; leaving removes them, also on error. PyTorch's trace
-    switch itself cannot be turned off again: after a run, each CUDA event, allocation and
-    sync costs one call into an empty Python callback list.
-    """
+def factory_handler(state: TraceState) -> Callable[..., Any]:
+    """The function mode's handler of the data factories on a real GPU (`torch.tensor(data,
+    device="cuda")`, `as_tensor`, `asarray`, `t.new_tensor`). They copy from the host in C++
+    under ExcludeDispatchKeyGuard(Python) (tensor_new.cpp, internal_new_from_data), out of the
+    dispatch mode's sight, where the sync hook alone would see a stream wait. Recorded here as
+    the simulated GPU records them: a DtoH sync `factory` read of each device tensor inside
+    list data, then an HtoD sync `factory` copy of the result (its time is the whole call's)."""
 
-    def __init__(self, state: Any, drain_stream: Any = None, drain_device: Any = None) -> None:
-        self.state = state
-        self.thread = threading.get_ident()
-        self._drain_stream = drain_stream or _drain_stream
-        self._drain_device = drain_device or _drain_device
-        self._busy = False
-        self._registered: list[tuple[Any, Any]] = []
-
-    # ----- the callbacks -----
-    def on_stream_sync(self, stream: int) -> None:
-        self._wait("stream_synchronize", lambda: self._drain_stream(stream))
-
-    def on_device_sync(self) -> None:
-        self._wait("synchronize", self._drain_device)
-
-    def on_event_sync(self, event: int) -> None:
-        self._wait("event_synchronize", None)
-
-    def _wait(self, kind: str, drain: Any) -> None:
-        state = self.state
-        if state.suspended or self._busy or threading.get_ident() != self.thread:
-            return
-        if state.recording:
-            return
-        info = state.running_op
-        if info is not None and records_waits(info):
-            return
-        op = info.name if info is not None else None
-        self._busy = True  # the drain syncs too, and fires these callbacks again
-        state.suspended = True
+    def factory(func: Any, args: tuple, kwargs: dict) -> Any:
+        first = 1 if func is Tensor.new_tensor else 0
+        data = args[first] if len(args) > first else kwargs.get("data", kwargs.get("obj"))
+        device = kwargs.get("device")
+        if device is None:
+            device = args[0].device if first else default_device_type()
+        to_cuda = torch.device(device).type == "cuda" and not (
+            isinstance(data, Tensor) and data.is_cuda)
+        reads = ([t for t in tensors_in_data(data) if t.is_cuda]
+                 if isinstance(data, (list, tuple)) else [])
+        if not to_cuda and not reads:
+            return func(*args, **kwargs)
+        site = state.here()
+        for t in reads:
+            state.sync_copy("DtoH", "factory", t.nbytes, t, site, 0)
+        state.suspended = True  # the call's ops and waits are this copy's
+        t0 = perf_counter_ns()
         try:
-            t0 = perf_counter_ns()
-            if drain is not None:
-                drain()
-            ns = perf_counter_ns() - t0 if drain is not None else 0
+            out = func(*args, **kwargs)
         finally:
             state.suspended = False
-            self._busy = False
-        state.host_wait(f"{kind} in {op}" if op else kind, ns)
+        host_ns = perf_counter_ns() - t0
+        if to_cuda and isinstance(out, Tensor) and out.nbytes:
+            src = data if isinstance(data, Tensor) else None
+            state.record_copy("HtoD", True, False, "factory", out.nbytes, host_ns, 0, site,
+                              src, out, out)
+            if src is not None:
+                state.collector.inherit_producer(out, src)
+        return out
 
-    # ----- registration -----
-    def __enter__(self) -> SyncHooks:
-        if gpu_trace is None:
-            return self
-        for registry, callback in ((gpu_trace.StreamSynchronizationCallbacks,
-                                    self.on_stream_sync),
-                                   (gpu_trace.DeviceSynchronizationCallbacks,
-                                    self.on_device_sync),
-                                   (gpu_trace.EventSynchronizationCallbacks,
-                                    self.on_event_sync)):
-            registry.add_callback(callback)
-            self._registered.append((registry, callback))
-        if torch.cuda.is_available():
-            torch._C._activate_gpu_trace()  # idempotent; without it CUDA calls no callback
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for registry, callback in reversed(self._registered):
-            if callback in registry.callback_list:
-                registry.callback_list.remove(callback)
-        self._registered.clear()
+    return factory
 
 
-def _drain_stream(stream: int) -> None:
-    # The C base class's synchronize: the tracer's patched Stream.synchronize would record it.
-    torch._C._CudaStreamBase.synchronize(torch.cuda.ExternalStream(stream))
+def device_peaks() -> list[int]:
+    """The allocator's peak of allocated bytes on each GPU, as PyTorch keeps it."""
+    return [torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())]
 
 
-def _drain_device() -> None:
-    torch._C._cuda_synchronize()
+def run_peak(before: list[int], after: list[int]) -> int | None:
+    """The peak a run reached on its busiest GPU, from the allocator's peaks before and after
+    it: None when no peak rose and one before was above zero (the program's peak before the
+    run is higher; the tracer leaves PyTorch's peak statistics as they are rather than reset
+    them under the program)."""
+    risen = [a for a, b in zip(after, before) if a > b]
+    if risen:
+        return max(risen)
+    return None if any(before) else 0

@@ -20,6 +20,7 @@ from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_
                                   dynamo_skip_frame)
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim.marks import printed_bytes
+from .cuda import factory_handler
 from .perop import dispatcher
 from .sites import UNSET
 from .state import _NO_KWARGS, UNRESOLVED, TraceState
@@ -202,8 +203,9 @@ def common_handlers(state: TraceState) -> dict[Any, Callable]:
 
 
 def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
-    """On a real GPU, print() formats under torch's own `_disable_current_modes`, so the
-    dispatch mode cannot see its copies; the function mode records them instead."""
+    """On a real GPU, print() formats under torch's own `_disable_current_modes`, and the
+    data factories copy under a guard that excludes Python dispatch, so the dispatch mode
+    cannot see their copies; the function mode records them instead."""
 
     def read_back(func: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0]
@@ -214,11 +216,12 @@ def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
                 return func(*args, **kwargs)
             finally:
                 state.trigger = prev
-        site = state.sites.resolve()
+        site = state.here()
         t0 = perf_counter_ns()
         result = state.run_recorded(func, args, kwargs)
         state.sync_copy("DtoH", "print", printed_bytes(t), t, site, perf_counter_ns() - t0)
         return result
 
+    factory = factory_handler(state)
     return {**common_handlers(state), torch.Tensor.__repr__: read_back,
-            torch.Tensor.__format__: read_back}
+            torch.Tensor.__format__: read_back, **{f: factory for f in DATA_FACTORIES}}

@@ -37,6 +37,8 @@ TRIGGERS: dict[Any, str] = {
     torch.asarray: "factory",
     torch.Tensor.new_tensor: "factory",
     torch.Tensor.backward: "backward",
+    torch.autograd.backward: "backward",
+    torch.autograd.grad: "backward",
 }
 
 #: Python-level calls that read a tensor's metadata only (no aten op, never a copy): the

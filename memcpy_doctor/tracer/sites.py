@@ -146,8 +146,11 @@ class SiteResolver:
         codes = self.codes
         depth = found[1]
         if depth:  # the copy made through the same frames as last time: no climb
-            below = _getframe(depth)
-            frame = below.f_back
+            try:
+                below = _getframe(depth)
+            except ValueError:  # a shallower stack (autograd's device thread): climb
+                below = None
+            frame = below.f_back if below is not None else None
             if frame is not None and frame.f_code is found[2]:
                 entry = codes.get(id(below.f_code))
                 if entry is False or entry is BOUNDARY:

@@ -119,6 +119,11 @@ class TraceState:
         #: waits the tracer records from those it would miss (tracer/cuda.py, SyncHooks)
         self.recording = 0
         self.running_op: Any = None
+        #: real GPU: when CUDA first reported a host wait inside the op now running (0: none)
+        #: and its kind, and, while that op is recorded, how long the wait lasted
+        self.sync_at_ns = 0
+        self.sync_kind = ""
+        self.waited_ns = 0
         #: above 0 while a CPU kernel's range checks run that PyTorch skips for device
         #: tensors (`F.one_hot`'s): what they read back is no copy on a GPU
         self.cpu_only_checks = 0
@@ -137,6 +142,7 @@ class TraceState:
         other.call_site = other.backward_site = UNRESOLVED
         other.call_frame = other.running_op = None
         other.recording = other.cpu_only_checks = 0
+        other.sync_at_ns = other.waited_ns = 0
         return other
 
     # ----- clocks -----
@@ -154,24 +160,44 @@ class TraceState:
     def op_site(self, depth: int) -> Any:
         """The user call site of an op whose site the function mode did not set: that of the
         call into C++ made from torch's code that the op runs in (found once, by its first
-        op; the simulated GPU's per-op path does this step inline), of the Tensor.backward()
-        call the autograd engine runs it for, or found by a walk up from the Python frame
-        below the op (`depth` frames above this call)."""
+        op; the simulated GPU's per-op path does this step inline), of the backward() call
+        the autograd engine runs it for, or found by a walk up from the Python frame below
+        the op (`depth` frames above this call).
+
+        The engine runs a GPU's backward ops on a thread of its own, where the per-op path's
+        frame is the first: there the op has the backward() call's site (None when the
+        backward pass was started without one, by torch's own code)."""
         caller = self.call_frame
         if caller is not None:
             site = self.call_site = self.sites.resolve_from(caller)
             return site
-        caller = _getframe(depth)
+        try:
+            caller = _getframe(depth)
+        except ValueError:  # "call stack is not deep enough": autograd's device thread
+            return self.backward_site if self.backward_site is not UNRESOLVED else None
         if caller.f_code is ENGINE_RUN_BACKWARD and self.backward_site is not UNRESOLVED:
             return self.backward_site  # (a hook or custom Function would be a frame between)
-        return self.sites.resolve_from(caller)
+        site = self.sites.resolve_from(caller)
+        if site is None and self.backward_site is not UNRESOLVED:
+            return self.backward_site  # torch's own code on autograd's device thread
+        return site
+
+    def here(self) -> Any:
+        """The user call site of a copy or wait being recorded now (as `op_site`, for the
+        frames above this call)."""
+        site = self.sites.resolve_from(_getframe(1))
+        if site is None and self.backward_site is not UNRESOLVED:
+            return self.backward_site
+        return site
 
     def after_op(self, info: OpInfo, args: tuple, kwargs: dict, out: Any, site: Any,
                  measured_ns: int) -> None:
         """The rarer step after an op with device inputs (`info.reads`): the copies it makes
         the host wait for inside its own code (`item()`, `nonzero`, ...: its rule in
-        tracer/syncpoints.py; `measured_ns` when the op is the copy itself), and an index
-        op's reads."""
+        tracer/syncpoints.py; on a real GPU `measured_ns` when the op is the copy itself, or
+        the wait CUDA reported inside it), and an index op's reads."""
+        if self.waited_ns:
+            measured_ns = self.waited_ns
         sync = info.sync
         if sync is not None and not self.cpu_only_checks:
             trigger = sync.trigger
@@ -183,9 +209,10 @@ class TraceState:
                     self.sync_copy(direction, trigger, nbytes, tensor, site, measured_ns)
                     measured_ns = 0
         elif info.index:
-            self._index_copies(info, args, kwargs, site)
+            self._index_copies(info, args, kwargs, site, measured_ns)
 
-    def _index_copies(self, info: OpInfo, args: tuple, kwargs: dict, site: Any) -> None:
+    def _index_copies(self, info: OpInfo, args: tuple, kwargs: dict, site: Any,
+                      measured_ns: int) -> None:
         """Indexing a device tensor: a device mask is counted on the host (DtoH); a host index
         tensor is copied to the device first (HtoD), and so is a 0-dim host value assigned
         (`t[idx] = 5.0`). `t[mask] = scalar` copies nothing: PyTorch hands a lone device mask
@@ -203,13 +230,16 @@ class TraceState:
                     and on_device(indices[0])):
                 return  # masked_fill_ with the value read on the host: no copy
             if host_scalar and value.dim() == 0:  # sent over first: value.to(self.device())
-                self.sync_copy("HtoD", "index", value.nbytes, value, site, 0)
+                self.sync_copy("HtoD", "index", value.nbytes, value, site, measured_ns)
+                measured_ns = 0
         for idx in indices:
             if on_device(idx):
                 if is_mask(idx):
-                    self.sync_copy("DtoH", "mask", COUNT_BYTES, idx, site, 0)
+                    self.sync_copy("DtoH", "mask", COUNT_BYTES, idx, site, measured_ns)
+                    measured_ns = 0
             elif idx.dim() >= 1:
-                self.sync_copy("HtoD", "index", idx.nbytes, idx, site, 0)
+                self.sync_copy("HtoD", "index", idx.nbytes, idx, site, measured_ns)
+                measured_ns = 0
 
     # ----- copies and waits -----
     def record_copy(self, direction: str, sync: bool, pinned: bool | None, trigger: str,
@@ -255,11 +285,14 @@ class TraceState:
         finally:
             self.recording -= 1
 
-    def host_wait(self, kind: str, measured_ns: int = 0) -> None:
-        """A host wait that is not a copy: synchronize, stream or event waits."""
+    def host_wait(self, kind: str, measured_ns: int = 0, site: Any = UNRESOLVED) -> None:
+        """A host wait that is not a copy: synchronize, stream or event waits, at `site`
+        (found here when not given)."""
         if self.suspended:
             return
         if self.timeline is not None:
             self.gap()
             measured_ns = self.timeline.drain(self.profile.sync_ns)
-        self.collector.wait(kind, self.sites.resolve(), measured_ns, self.thread)
+        if site is UNRESOLVED:
+            site = self.here()
+        self.collector.wait(kind, site, measured_ns, self.thread)

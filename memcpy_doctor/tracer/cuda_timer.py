@@ -1,0 +1,120 @@
+"""Device time on a real GPU: CUDA event pairs around an op's or a copy's device work, read
+back without ever making the program wait.
+
+Events come from a pool per device and are resolved once they have completed (checked every
+few hundred ops and at every host wait), and all of them when the run ends, so the program's
+own synchronization is never changed. The CUDA calls the timer makes go through `TorchCuda`,
+one seam that the tests answer with fakes that behave as PyTorch's source says.
+
+What the events cannot tell (README, "Limits on a real GPU"): a pair measures from the start
+event to the stop event on the stream. On an idle GPU the start event completes as soon as it
+is recorded, so the op's device time also holds the host's time to launch it: an upper
+bound for short kernels, exact when the GPU is busy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: Pending event pairs checked for completion every this many pairs.
+POLL_EVERY = 256
+
+
+class TorchCuda:
+    """The CUDA calls CudaTimer makes (PyTorch's, here; a test's fake elsewhere)."""
+
+    @staticmethod
+    def new_event() -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    @staticmethod
+    def capturing() -> bool:
+        """Whether the current stream is capturing a CUDA graph."""
+        return torch._C._cuda_isCurrentStreamCapturing()
+
+    @staticmethod
+    def device_count() -> int:
+        return torch.cuda.device_count()
+
+    @staticmethod
+    def current_stream(device: int) -> Any:
+        return torch.cuda.current_stream(device)
+
+    @staticmethod
+    def synchronize(device: int) -> None:
+        # torch's C call, not torch.cuda.synchronize, which the tracer patches to record it
+        with torch.cuda.device(device):
+            torch._C._cuda_synchronize()
+
+
+class CudaTimer:
+    """CUDA event pairs around device work, resolved into the aggregates later.
+
+    `begin(device)` records a start event on the current stream of the device the work runs
+    on, `end(...)` the stop event; `target.add_device(ns, host_ns)` is called once the device
+    has run the work. While the current stream captures a CUDA graph nothing is recorded or
+    queried: an event recorded then is a node of the graph, and CUDA forbids querying events
+    during a capture (the capture would fail, or the query raise, and the trace be lost).
+    """
+
+    def __init__(self, cuda: Any = None) -> None:
+        self.cuda = cuda if cuda is not None else TorchCuda()
+        #: several GPUs: an event is bound to the device it is first recorded on, and the
+        #: work of an op on cuda:1 runs on cuda:1's current stream, whatever the current device
+        self.devices = self.cuda.device_count()
+        self._pools: dict[int, list[Any]] = {}
+        self._pending: list[tuple[Any, Any, Any, int, int]] = []
+        self._since_poll = 0
+
+    def _recorded(self, device: int) -> Any:
+        pool = self._pools.get(device)
+        event = pool.pop() if pool else self.cuda.new_event()
+        if self.devices > 1:
+            event.record(self.cuda.current_stream(device))
+        else:  # (one device: the current stream is cuda:0's)
+            event.record()
+        return event
+
+    def begin(self, device: int = 0) -> Any:
+        """The start of a pair (None while a graph is being captured)."""
+        if self.cuda.capturing():
+            return None
+        return (self._recorded(device), device)
+
+    def cancel(self, start: Any) -> None:
+        if start is not None:
+            self._pools.setdefault(start[1], []).append(start[0])
+
+    def end(self, start: Any, target: Any, host_ns: int) -> None:
+        """The pair's stop, on the device its start was recorded on."""
+        if start is None:
+            return
+        event, device = start
+        self._pending.append((event, self._recorded(device), target, host_ns, device))
+        self._since_poll += 1
+        if self._since_poll >= POLL_EVERY:
+            self.poll()
+
+    def poll(self) -> None:
+        """Resolve the pairs that have completed, in order; stop at the first that has not."""
+        self._since_poll = 0
+        if not self._pending or self.cuda.capturing():
+            return
+        done = 0
+        for start, stop, target, host_ns, device in self._pending:
+            if not stop.query():
+                break
+            target.add_device(int(start.elapsed_time(stop) * 1e6), host_ns)
+            pool = self._pools.setdefault(device, [])
+            pool.append(start)
+            pool.append(stop)
+            done += 1
+        del self._pending[:done]
+
+    def finish(self) -> None:
+        """Wait for every device (the run is over), then resolve every pair."""
+        for device in range(self.devices):
+            self.cuda.synchronize(device)
+        self.poll()
