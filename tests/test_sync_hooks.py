@@ -1,7 +1,7 @@
 """Hooks below the dispatcher (tracer/cuda_hooks.py SyncHooks): CUDA's own synchronization
-callbacks report waits inside C++ ops at the user's line, skip the waits the tracer records anyway, and
-are removed when the tracer stops. The callbacks are driven by hand here (as CUDA would fire
-them); the real GPU end to end is cuda-marked."""
+callbacks report waits inside C++ ops at the user's line, skip the waits the tracer records
+anyway, and are removed when the tracer stops. The callbacks are driven by hand here (as CUDA
+would fire them); the real GPU end to end is cuda-marked."""
 
 from __future__ import annotations
 
