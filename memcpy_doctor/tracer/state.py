@@ -116,7 +116,7 @@ class TraceState:
         self.thread: str | None = None  # another thread's name; None: the tracing thread
         #: real GPU: above 0 while the tracer runs a copy or a wait that it records itself,
         #: and the op now running (its OpInfo): CUDA's sync callbacks read both to tell the
-        #: waits the tracer records from those it would miss (tracer/cuda.py, SyncHooks)
+        #: waits the tracer records from those it would miss (tracer/cuda_hooks.py)
         self.recording = 0
         self.running_op: Any = None
         #: real GPU: when CUDA first reported a host wait inside the op now running (0: none)
