@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+
 import pytest
 
 pytest.register_assert_rewrite("triggers_util", "helpers")
@@ -14,6 +17,14 @@ _ORIGINAL_CUDA = {name: getattr(torch.cuda, name) for name in
                   ("is_available", "synchronize", "device_count", "Stream", "Event")}
 _ORIGINAL_GROUPING = torch._C._group_tensors_by_device_and_dtype
 _ORIGINAL_SERIALIZERS = list(torch.serialization._package_registry)
+
+# The tests' subprocesses (`python -m memcpy_doctor` in a temporary folder) import the package
+# from this checkout also where it is not installed: a lent GPU machine's python3 runs the
+# suite from a copy of the tree (benchmarks/gpu_run.sh). Where it is installed from this
+# checkout, the entry changes nothing.
+_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT])
 
 
 def pytest_collection_modifyitems(config, items):
