@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from helpers import SYNC_SITE, TRAIN_STEP_ITEM, make_copies, make_trace
-from memcpy_doctor.core.trace import CopyRecord, Site, WaitRecord
+from memcpy_doctor.core.trace import CopyRecord, Site, Trace, WaitRecord
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -111,11 +112,23 @@ def test_render_marks_times_off_by_more_than_the_goal(fid):
     assert line.split()[-2:] == ["1.26", "!"]
 
 
-def test_programs_are_the_samples_and_the_sync_rule_scripts(fid):
-    names = [name for name, _, _ in fid.programs()]
-    assert names[:4] == ["clean_pinned.py", "embedding_l2.py", "item_every_step.py",
-                         "shape_slice_crop.py"]
+def test_programs_are_the_samples_the_library_programs_and_the_sync_rule_scripts(fid):
+    progs = fid.programs()
+    names = [p.name for p in progs]
+    assert names[:10] == ["clean_pinned.py", "embedding_l2.py", "item_every_step.py",
+                          "shape_slice_crop.py", "accel.py", "hf_trainer.py",
+                          "lightning_gpu.py", "timm_amp.py", "tmetrics.py", "tv_detect.py"]
+    assert [p.path for p in progs[3:5]] == [str(ROOT / "sample_models" / "shape_slice_crop.py"),
+                                            str(ROOT / "tests" / "programs" / "accel.py")]
+    assert {p.name: p.needs for p in progs[4:10]} == {
+        "accel.py": ("accelerate",), "hf_trainer.py": ("transformers", "accelerate"),
+        "lightning_gpu.py": ("lightning",), "timm_amp.py": ("timm",),
+        "tmetrics.py": ("torchmetrics",), "tv_detect.py": ("torchvision",)}
+    # every file of tests/programs is one of them
+    assert sorted(f.name for f in (ROOT / "tests" / "programs").glob("*.py")) == names[4:10]
     rules = dict(fid.sync_rule_programs())
+    assert [(p.name, p.path, p.source, p.needs) for p in progs[10:]] == [
+        (name, f"{name}.py", source, ()) for name, source in rules.items()]
     assert {"test_explicit_host_to_device", "test_scalar_reads", "test_host_waits",
             "test_grad_scaler_step_reads_found_inf"} <= set(rules)
     assert "test_second_device_does_not_exist" not in rules  # an f-string: parametrized
@@ -124,21 +137,147 @@ def test_programs_are_the_samples_and_the_sync_rule_scripts(fid):
     assert all(compile(src, name, "exec") for name, src in rules.items())
 
 
-def test_sim_against_sim_smoke(fid, capsys):
-    assert fid.main(["--sim-only", "--only", "test_comparisons_to_python_bool"]) == 0
+def test_the_subset_names_programs_that_exist(fid):
+    names = [p.name for p in fid.programs()]
+    assert len(fid.SUBSET) == len(set(fid.SUBSET)) == 19
+    assert [n for n in names if n in fid.SUBSET] == list(fid.SUBSET)  # in the same order
+    assert set(names[:10]) <= set(fid.SUBSET)  # every sample and library program
+
+
+def test_a_profile_file_reaches_the_children_as_an_absolute_path(fid, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert fid.profile_arg("calibrated.json") == str(tmp_path / "calibrated.json")
+    assert fid.profile_arg("out/gpu.prof") == str(tmp_path / "out" / "gpu.prof")
+    assert fid.profile_arg("/abs/p.json") == "/abs/p.json"
+    assert fid.profile_arg("h200-sxm-141gb") == "h200-sxm-141gb"  # a shipped name
+    assert fid.profile_arg(None) is None
+
+
+def test_children_find_this_checkout_and_share_the_cpus(fid, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(fid.os, "cpu_count", lambda: 16)
+    env = fid.child_env(jobs=12)
+    assert env["PYTHONPATH"] == f"{ROOT}:/elsewhere"
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert fid.child_env(jobs=4)["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert fid.child_env(jobs=4)["OMP_NUM_THREADS"] == "3"  # the user's choice stands
+
+
+def test_json_of_compared_and_problem_programs(fid):
+    rows = [fid.compare_runs("same.py", make_trace(), make_trace()),
+            fid.compare_runs("off.py", make_trace(), sim_trace())]
+    problems = [fid.Problem("gone.py", "error", "real: timed out after 90 s"),
+                fid.Problem("timm_amp.py", "skipped", "needs timm")]
+    runs = {"same.py": {"real": {"device": "cuda", "exit": 0, "wall_s": 1.5, "error": None}}}
+    doc = fid.to_json(rows, problems, ["off.py", "timm_amp.py", "same.py", "gone.py"], runs,
+                      {"real_label": "real"})
+    assert doc["schema_version"] == 1 and doc["real_label"] == "real"
+    assert doc["time_goal"] == 0.25
+    assert doc["counts"] == {"equal": 1, "differ": 1, "error": 1, "skipped": 1}
+    assert [p["program"] for p in doc["programs"]] == ["off.py", "timm_amp.py", "same.py",
+                                                       "gone.py"]
+    off, timm, same, gone = doc["programs"]
+    assert off == {
+        "program": "off.py", "status": "differ",
+        "sync_calls": {"real": 14, "sim": 15}, "sync_bytes": {"real": 4_136, "sim": 4_148},
+        "waits": {"real": 2, "sim": 0},
+        "total_ns": {"real": 10_000_000, "sim": 12_500_000, "ratio": 1.25},
+        "memcpy_ns": {"real": 4_000_000, "sim": 4_200_000, "ratio": 1.05},
+        "only_real": [{"kind": "wait", "sync": "sync", "trigger": "synchronize",
+                       "site": "train.py:70", "calls": 2}],
+        "only_sim": [{"kind": "HtoD", "sync": "sync", "trigger": "index",
+                      "site": "model.py:30", "calls": 2}],
+        "calls_differ": [{"kind": "DtoH", "sync": "sync", "trigger": "item",
+                          "site": "train.py:50", "real_calls": 10, "sim_calls": 9}],
+    }
+    assert timm == {"program": "timm_amp.py", "status": "skipped", "message": "needs timm"}
+    assert gone == {"program": "gone.py", "status": "error",
+                    "message": "real: timed out after 90 s"}
+    assert same["status"] == "equal" and same["runs"] == runs["same.py"]
+    assert same["total_ns"] == {"real": 10_000_000, "sim": 10_000_000, "ratio": 1.0}
+
+
+def test_render_names_the_programs_not_compared(fid):
+    rows = [fid.compare_runs("off.py", make_trace(), sim_trace())]
+    problems = [fid.Problem("gone.py", "error", "real: timed out after 90 s"),
+                fid.Problem("timm_amp.py", "skipped", "needs timm")]
+    assert fid.render(rows, problems=problems).splitlines()[-3:] == [
+        "== gone.py  [ERROR] real: timed out after 90 s",
+        "== timm_amp.py  [SKIPPED] needs timm",
+        "1 programs; counts differ in 1: off.py; 1 error: gone.py; 1 skipped: timm_amp.py; "
+        "'!' marks a time off by more than 25%"]
+
+
+def test_sim_against_sim_smoke(fid, capsys, tmp_path):
+    """Both runs side by side (--jobs 2), the JSON and the kept traces."""
+    status = fid.main(["--sim-only", "--only", "test_comparisons_to_python_bool", "--jobs", "2",
+                       "--json", str(tmp_path / "f.json"), "--keep", str(tmp_path / "traces")])
     out = capsys.readouterr().out
+    assert status == 0, out
     assert out.startswith("== test_comparisons_to_python_bool  [counts equal]\n")
     assert "  sync copies                    2             2     equal\n" in out
     assert out.endswith("1 programs; counts differ in 0; '!' marks a time off by more "
                         "than 25%\n")
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert (doc["real_label"], doc["real_device"], doc["device_profile"], doc["gpu"],
+            doc["jobs"]) == ("sim#1", "sim", None, None, 2)
+    assert doc["counts"] == {"equal": 1, "differ": 0, "error": 0, "skipped": 0}
+    (prog,) = doc["programs"]
+    assert (prog["program"], prog["status"]) == ("test_comparisons_to_python_bool", "equal")
+    assert prog["sync_calls"] == {"real": 2, "sim": 2}
+    assert prog["sync_bytes"] == {"real": 2, "sim": 2}
+    assert prog["waits"] == {"real": 0, "sim": 0}
+    assert prog["total_ns"]["real"] == prog["total_ns"]["sim"]  # the model is deterministic
+    assert prog["total_ns"]["ratio"] == prog["memcpy_ns"]["ratio"] == 1.0
+    assert (prog["only_real"], prog["only_sim"], prog["calls_differ"]) == ([], [], [])
+    assert {side: (r["device"], r["exit"], r["error"]) for side, r in prog["runs"].items()} \
+        == {"real": ("sim", 0, None), "sim": ("sim", 0, None)}
+    assert all(isinstance(r["wall_s"], float) for r in prog["runs"].values())
+    kept = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert kept == ["test_comparisons_to_python_bool.real.json",
+                    "test_comparisons_to_python_bool.sim.json"]
+    trace = Trace.load(tmp_path / "traces" / kept[0])
+    assert sum(c.calls for c in trace.copies if c.sync) == 2
+
+
+def test_a_run_past_its_timeout_is_killed_and_named(fid, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(fid, "programs", lambda: [
+        fid.Program("sleeper", "sleeper.py", "import time\ntime.sleep(60)\n"),
+        fid.Program("needs_more", "x.py", "", needs=("memcpy_doctor_no_such_module",))])
+    status = fid.main(["--sim-only", "--jobs", "2", "--timeout", "1",
+                       "--json", str(tmp_path / "f.json")])
+    assert status == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "== sleeper  [ERROR] real: timed out after 1 s; sim: timed out after 1 s",
+        "== needs_more  [SKIPPED] needs memcpy_doctor_no_such_module",
+        "0 programs; counts differ in 0; 1 error: sleeper; 1 skipped: needs_more; '!' marks a "
+        "time off by more than 25%"]
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert doc["counts"] == {"equal": 0, "differ": 0, "error": 1, "skipped": 1}
+    sleeper, needs_more = doc["programs"]
+    assert [(r["error"], r["exit"]) for r in sleeper["runs"].values()] == [
+        ("timed out after 1 s", -9), ("timed out after 1 s", -9)]  # SIGKILL
+    assert needs_more == {"program": "needs_more", "status": "skipped",
+                          "message": "needs memcpy_doctor_no_such_module"}
+
+
+def test_nothing_starts_close_to_the_deadline(fid, capsys):
+    assert fid.main(["--sim-only", "--only", "test_scalar_reads", "--deadline", "4"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "== test_scalar_reads  [ERROR] real: not started: under 5 s before the deadline; "
+        "sim: not started: under 5 s before the deadline")
 
 
 def test_usage_errors_exit_2(fid, capsys):
     assert fid.main(["--sim-only", "--only", "no-such-program"]) == 2
     assert fid.main(["--sim-only", "--device-profile", "v100"]) == 2
+    assert fid.main(["--sim-only", "--subset", "--only", "test_no_copy_cases"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "fidelity: error: no program matches ['no-such-program']"
     assert err[1].startswith("fidelity: error: no device profile named 'v100'; shipped: ")
+    assert err[2] == "fidelity: error: no program matches ['test_no_copy_cases'] in the subset"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
@@ -151,7 +290,7 @@ def test_without_a_gpu_exit_2(fid, capsys):
 def test_real_and_simulated_agree_on_the_sync_rules(fid, capsys):
     """Copy and wait counts equal on a real GPU for a few sync-rule scripts."""
     status = fid.main(["--only", "test_scalar_reads", "--only", "test_host_waits",
-                       "--only", "test_data_dependent_shapes"])
+                       "--only", "test_data_dependent_shapes", "--jobs", "6"])
     out = capsys.readouterr().out
     assert status == 0, out
     assert out.count("[counts equal]") == 3
