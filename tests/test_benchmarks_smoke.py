@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import memcpy_doctor
 
@@ -81,3 +82,11 @@ def test_the_python_table_mode_runs_it_and_puts_the_tracers_own_back(bench, monk
     bench.modes(fn, 2)["memcpy-doctor (host, Python table)"]()
     assert len(used) == 1  # (emptied when the run ended)
     assert collector.ProducerTable is producers.ProducerTable
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
+def test_gpu_trace_cost_without_a_gpu_is_one_line_and_status_2(capsys):
+    assert _load("gpu_trace_cost.py").main(["-n", "10"]) == 2
+    assert capsys.readouterr().err == (
+        "gpu_trace_cost: error: needs a CUDA GPU (torch sees none here)\n")
+
