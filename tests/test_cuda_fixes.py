@@ -21,6 +21,7 @@ import memcpy_doctor
 from memcpy_doctor.core.costmodel import load_profile
 from memcpy_doctor.tracer import Tracer
 from memcpy_doctor.tracer import cuda as tcuda
+from memcpy_doctor.tracer import cuda_hooks
 from memcpy_doctor.tracer.cuda_hooks import stream_of
 from memcpy_doctor.tracer.cuda_timer import CudaTimer
 from memcpy_doctor.tracer.modes import DispatchMode, FunctionMode, real_gpu_handlers
@@ -411,3 +412,35 @@ def test_gpu_second_device_events_and_dtod():
     (copy,) = prof.trace.copies
     assert (copy.direction, copy.sync) == ("DtoD", False)
     assert {o.device for o in prof.trace.ops if o.op == "aten::mul"} == {"cuda:0", "cuda:1"}
+
+
+# ----- the real GPU's tracer, wired end to end, on host tensors -----
+
+def test_the_real_gpu_tracer_runs_a_training_step_on_host_tensors(monkeypatch):
+    # Every CUDA answer the tracer asks for at start and stop, faked; the program's tensors
+    # stay on the host, so the per-op path's GPU steps run without a device. Backward runs
+    # on a frameless thread as on a GPU, and reports a wait there as CUDA would.
+    from memcpy_doctor.core.torch_private import gpu_trace
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(torch._C, "_activate_gpu_trace", lambda: None)
+    monkeypatch.setattr(torch.autograd, "_engine_run_backward", engine_on_a_device_thread)
+    monkeypatch.setattr(tcuda, "device_peaks", lambda: [0])
+    monkeypatch.setattr(cuda_hooks, "_drain_stream", lambda stream: drained.append(stream))
+    drained = []
+    model = torch.nn.Linear(4, 2)
+    hook_line = sys._getframe().f_lineno + 1  # a sync in a hook run on autograd's thread:
+    model.register_full_backward_hook(lambda *a: fire(0))  # at the hook's line
+    fire = gpu_trace.StreamSynchronizationCallbacks.fire_callbacks
+    with memcpy_doctor.profiler(device="cuda") as prof:
+        loss = model(torch.ones(3, 4, requires_grad=True)).sum()
+        line = sys._getframe().f_lineno + 1
+        loss.backward()
+    trace = prof.trace
+    assert (trace.meta.device, trace.meta.simulated, trace.meta.device_name) == (
+        "cuda", False, "Fake GPU")
+    assert model.weight.grad.shape == (2, 4)
+    lines = {o.site.line for o in trace.ops if o.site and o.site.file == __file__}
+    assert {line - 2, line} <= lines  # forward at its line, backward at backward()'s
+    assert [(w.kind, w.site.line) for w in trace.waits] == [("stream_synchronize", hook_line)]
+    assert drained == [0]
