@@ -10,7 +10,7 @@ Programs: every sample model in sample_models/, the real-library programs of tes
 installed is skipped) and every sync-rule script of tests/test_triggers.py (the sources passed
 to `check(...)`, one program per test). Each is run with `memcpy-doctor profile --device cuda`
 and with `--device sim --device-profile FILE`, each run in a subprocess of its own folder;
-`--jobs N` runs N of them side by side, (N + 1) // 2 at most on the GPU. Per program the table
+`--jobs N` runs N of them side by side, a program's two together. Per program the table
 gives the sync copy calls and bytes (must be equal), the host waits (must be equal), total and
 memcpy time with the ratio sim/real (the goal is within 25%), and every copy or wait path
 (direction, sync, trigger, file:line) present in one run and missing from the other, or
@@ -41,6 +41,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -395,9 +397,10 @@ def child_env(jobs: int) -> dict[str, str]:
 
 def run_programs(progs: list[Program], runner: Runner, real_device: str, jobs: int,
                  workdir: str) -> dict[str, dict[str, Run]]:
-    """Both runs of every program, {"real": Run, "sim": Run} by name. With jobs > 1 the real
-    runs get (jobs + 1) // 2 workers and the sim runs the rest, so the GPU never holds more
-    than half of them; the library programs (the slowest) start first."""
+    """Both runs of every program, {"real": Run, "sim": Run} by name. With jobs > 1 a
+    program's two runs go side by side, jobs // 2 programs at a time (so the GPU holds half
+    of the runs at most, and a --deadline cuts whole programs); the library programs, the
+    slowest, start first."""
     results: dict[str, dict[str, Run]] = {p.name: {} for p in progs}
     for p in progs:
         if p.source is not None:
@@ -405,26 +408,34 @@ def run_programs(progs: list[Program], runner: Runner, real_device: str, jobs: i
             with open(os.path.join(workdir, p.name, p.path), "w", encoding="utf-8") as f:
                 f.write(p.source)
     order = sorted(progs, key=lambda p: not p.needs)  # stable: else in the given order
-    real_jobs = (jobs + 1) // 2 if jobs > 1 else 1
-    with ThreadPoolExecutor(real_jobs) as real_pool, \
-            ThreadPoolExecutor(max(1, jobs - real_jobs)) as sim_pool:
-        pool = {"real": real_pool, "sim": sim_pool if jobs > 1 else real_pool}
+    pairs = max(1, jobs // 2)
+    with ThreadPoolExecutor(pairs) as real_pool, ThreadPoolExecutor(pairs) as sim_pool:
         futures = []
         for p in order:
             script = p.path if p.source is None else os.path.join(workdir, p.name, p.path)
-            for side, device in (("real", real_device), ("sim", "sim")):
-                where = os.path.join(workdir, p.name, side)
-                futures.append((p.name, side, pool[side].submit(runner.run, script, device,
-                                                                where)))
+            real = partial(runner.run, script, real_device, os.path.join(workdir, p.name, "real"))
+            sim = partial(runner.run, script, "sim", os.path.join(workdir, p.name, "sim"))
+            pair = real_pool.submit(_both, real, sim, sim_pool if jobs > 1 else None)
+            futures.append((p.name, pair))
         try:
-            for name, side, fut in futures:
-                results[name][side] = fut.result()
+            for name, fut in futures:
+                results[name]["real"], results[name]["sim"] = fut.result()
         except KeyboardInterrupt:
             runner.stop()
-            for name, side, fut in futures:
-                results[name][side] = fut.result()
+            for name, fut in futures:
+                results[name]["real"], results[name]["sim"] = fut.result()
             raise Interrupted(results) from None
     return results
+
+
+def _both(real: Callable[[], Run], sim: Callable[[], Run],
+          sim_pool: ThreadPoolExecutor | None) -> tuple[Run, Run]:
+    """A program's real and sim runs: side by side (the sim one in `sim_pool`), or one after
+    the other without a pool."""
+    if sim_pool is None:
+        return real(), sim()
+    sim_run = sim_pool.submit(sim)
+    return real(), sim_run.result()
 
 
 class Interrupted(Exception):
