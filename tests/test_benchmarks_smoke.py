@@ -4,6 +4,8 @@ benchmarks/run.py, never asserted here)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -90,3 +92,83 @@ def test_gpu_trace_cost_without_a_gpu_is_one_line_and_status_2(capsys):
     assert capsys.readouterr().err == (
         "gpu_trace_cost: error: needs a CUDA GPU (torch sees none here)\n")
 
+
+FAKE_PYTHON = """\
+#!/usr/bin/env bash
+echo "fake python: $*"
+if [ "$1" = - ]; then cat > /dev/null; fi
+case "$*" in *calibrate*) exit 2 ;; esac
+"""
+FAKE_NVIDIA_SMI = """\
+#!/usr/bin/env bash
+case "$*" in *--query-gpu=name*) echo "NVIDIA H200" ;; *) {hang}echo "fake nvidia-smi" ;; esac
+"""
+
+
+def gpu_run(tmp_path: pathlib.Path, budget: int, hang: bool = False):
+    """benchmarks/gpu_run.sh with a fake python (every step exits 0 at once but calibrate,
+    which exits 2) and a fake nvidia-smi (an H200; `hang`: its first call sleeps)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text(FAKE_PYTHON)
+    (fake / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.format(hang="sleep 60; " if hang else ""))
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "OUT": str(out),
+           "PYTHON": str(fake / "python"), "GPU_RUN_BUDGET": str(budget), "GPU_RUN_JOBS": "12"}
+    env.pop("GPU_RUN_SIM", None)
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_run.sh")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    return done, out, json.loads((out / "summary.json").read_text())
+
+
+def test_gpu_run_runs_every_step_in_order_and_records_each(tmp_path):
+    done, out, summary = gpu_run(tmp_path, budget=285)
+    assert done.returncode == 1 and done.stdout == done.stderr == ""  # calibrate failed
+    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "summary.json"]
+    py = str(tmp_path / "bin" / "python")
+    steps = summary["steps"]
+    assert [(s["name"], s["exit"], s["timed_out"], s["limit_s"]) for s in steps[:5]] == [
+        ("nvidia-smi", 0, False, 15), ("versions", 0, False, 30),
+        ("cuda-tests", 0, False, 120), ("calibrate", 2, False, 60),
+        ("gpu-trace-cost", 0, False, 45)]
+    # fidelity: what is left of the budget, 150 s at most; it stops itself 15 s before
+    limit = steps[5]["limit_s"]
+    assert (steps[5]["name"], steps[5]["exit"], steps[5]["timed_out"]) == ("fidelity", 0, False)
+    assert limit in (149, 150)  # (whole seconds spent so far: none or one)
+    assert [s["command"] for s in steps[:5]] == [
+        "nvidia-smi", f"{py} -",
+        f"{py} -m pytest -q -p no:cacheprovider -m cuda -rfE -o faulthandler_timeout=60 "
+        f"--junitxml={out}/cuda-tests.xml tests",
+        f"{py} -m memcpy_doctor calibrate --quick -o {out}/calibrated.json --measurements "
+        f"{out}/measurements.json",
+        f"{py} benchmarks/gpu_trace_cost.py -n 10000 --repeats 3 --json "
+        f"{out}/gpu-trace-cost.json"]
+    # no calibrated profile: the shipped one of the GPU nvidia-smi names
+    assert steps[5]["command"].startswith(
+        f"{py} benchmarks/fidelity.py --subset --jobs 12 --timeout 90 --deadline {limit - 15} "
+        f"--device-profile h200-sxm-141gb --json {out}/fidelity.json --keep /")
+    assert (summary["schema_version"], summary["sim"], summary["budget_s"],
+            summary["python"]) == (1, False, 285, py)
+    assert all(isinstance(s["wall_s"], float) for s in steps)
+    log = (out / "log.txt").read_text().splitlines()
+    assert log[:3] == ["=== nvidia-smi (limit 15 s): nvidia-smi", "fake nvidia-smi",
+                       log[2]]
+    assert log[2].startswith("=== nvidia-smi: exit 0 after ")
+    assert "fake python: -m memcpy_doctor calibrate --quick -o " \
+           f"{out}/calibrated.json --measurements {out}/measurements.json" in log
+    assert log[-1].startswith("=== done in ")
+
+
+def test_gpu_run_stops_a_step_at_the_budget_and_runs_none_after(tmp_path):
+    done, out, summary = gpu_run(tmp_path, budget=5, hang=True)
+    assert done.returncode == 1
+    steps = summary["steps"]
+    assert (steps[0]["name"], steps[0]["exit"], steps[0]["timed_out"], steps[0]["limit_s"]) \
+        == ("nvidia-smi", 124, True, 5)
+    assert [(s["name"], s["exit"], s["limit_s"]) for s in steps[1:]] == [
+        ("versions", None, 0), ("cuda-tests", None, 0), ("calibrate", None, 0),
+        ("gpu-trace-cost", None, 0), ("fidelity", None, 0)]
+    log = (out / "log.txt").read_text()
+    assert "=== versions: not run, the budget of 5 s is spent\n" in log
