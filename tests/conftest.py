@@ -63,3 +63,14 @@ def no_tracer_left_behind():
         torch.serialization._package_registry[:] = _ORIGINAL_SERIALIZERS
     if problems:
         pytest.fail("; ".join(problems))
+
+
+@pytest.fixture(autouse=True)
+def default_device_as_found():
+    """A program run in-process may call torch.set_default_device(None): torch 2.6 then keeps
+    a None context, which its get_default_device() fails on in every later test of the worker
+    (transformers calls it). What the test found is put back."""
+    yield
+    context = torch._GLOBAL_DEVICE_CONTEXT
+    if getattr(context, "device_context", 1) is None:
+        del context.device_context
