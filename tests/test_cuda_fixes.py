@@ -393,6 +393,8 @@ def test_gpu_copy_into_pageable_memory_waits():
 
 @pytest.mark.cuda
 def test_gpu_peak_memory_of_the_run():
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()  # the test process's earlier peaks are not this run's
     with memcpy_doctor.profiler(device="cuda") as prof:
         torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     assert prof.trace.summary.peak_device_memory_bytes >= 64 << 20
