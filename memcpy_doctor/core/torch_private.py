@@ -65,7 +65,7 @@ __all__ = ["ENGINE_RUN_BACKWARD", "OLDEST_TORCH", "check_torch_version", "defaul
            "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry", "set_eval_frame"]
 
-try:  # CUDA's own synchronization callbacks, below the dispatcher (tracer/cuda.py SyncHooks)
+try:  # CUDA's own synchronization callbacks, below the dispatcher (tracer/cuda_hooks.py)
     import torch.cuda._gpu_trace as gpu_trace
 except ImportError:  # pragma: no cover - a torch without them: the hooks are off
     gpu_trace = None
