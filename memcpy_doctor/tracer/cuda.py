@@ -86,7 +86,9 @@ def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]
         finally:
             state.running_op = prev
             t1 = perf_counter_ns()
-            sync_at, state.sync_at_ns = state.sync_at_ns, 0
+            sync_at = state.sync_at_ns
+            if sync_at:
+                state.sync_at_ns = 0
         host_ns = t1 - t0
         outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
         if any_dev:
@@ -95,15 +97,13 @@ def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]
             device = f"cuda:{outs[0].get_device()}"
         else:
             device = "cpu"
-        if sync_at:  # the host waited inside the op: for its copy, or named after it
+        if sync_at:  # the host waited inside the op: for its copy (read by after_op)
             state.waited_ns = t1 - sync_at
-        try:
-            agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site,
-                         host_ns)
-        finally:
+        agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site, host_ns)
+        if sync_at:
             state.waited_ns = 0
-        if sync_at and not records_waits(info):
-            state.host_wait(f"{state.sync_kind} in {info.name}", t1 - sync_at, site)
+            if not records_waits(info):  # no copy of its own: a wait named after it
+                state.host_wait(f"{state.sync_kind} in {info.name}", t1 - sync_at, site)
         if mark is not None:  # the op's device time, from its events once they are read
             if agg is not None:
                 timer.end(mark, agg, host_ns)

@@ -29,10 +29,9 @@ class TorchCuda:
     def new_event() -> Any:
         return torch.cuda.Event(enable_timing=True)
 
-    @staticmethod
-    def capturing() -> bool:
-        """Whether the current stream is capturing a CUDA graph."""
-        return torch._C._cuda_isCurrentStreamCapturing()
+    #: whether the current stream is capturing a CUDA graph (asked per op: torch's C call,
+    #: with no Python frame of its own)
+    capturing = staticmethod(torch._C._cuda_isCurrentStreamCapturing)
 
     @staticmethod
     def device_count() -> int:
@@ -61,6 +60,7 @@ class CudaTimer:
 
     def __init__(self, cuda: Any = None) -> None:
         self.cuda = cuda if cuda is not None else TorchCuda()
+        self._capturing = self.cuda.capturing
         #: several GPUs: an event is bound to the device it is first recorded on, and the
         #: work of an op on cuda:1 runs on cuda:1's current stream, whatever the current device
         self.devices = self.cuda.device_count()
@@ -79,7 +79,7 @@ class CudaTimer:
 
     def begin(self, device: int = 0) -> Any:
         """The start of a pair (None while a graph is being captured)."""
-        if self.cuda.capturing():
+        if self._capturing():
             return None
         return (self._recorded(device), device)
 
@@ -100,7 +100,7 @@ class CudaTimer:
     def poll(self) -> None:
         """Resolve the pairs that have completed, in order; stop at the first that has not."""
         self._since_poll = 0
-        if not self._pending or self.cuda.capturing():
+        if not self._pending or self._capturing():
             return
         done = 0
         for start, stop, target, host_ns, device in self._pending:
