@@ -6,8 +6,12 @@ tracebacks and its signal handling.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
+import sys
 import sysconfig
+import tempfile
 from typing import Any
 
 import torch
@@ -23,6 +27,25 @@ _PACKAGE_FOLDERS = ("site-packages", "dist-packages")
 #: Pseudo-files of the interpreter's machinery that runs a script or imports a module.
 _INTERNAL_PSEUDO_FILES = ("<frozen runpy>", "<frozen importlib._bootstrap>",
                           "<frozen importlib._bootstrap_external>")
+#: Code that torch.compile generates: an FX GraphModule's ("<eval_with_key>.3") and
+#: Inductor's output code, in its cache folder (TORCHINDUCTOR_CACHE_DIR, else
+#: torchinductor_USER in the temporary folder, as torch._inductor names it).
+_GENERATED_PSEUDO_FILE = "<eval_with_key>"
+
+
+def _inductor_cache_dir() -> str:
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if configured:
+        return os.path.abspath(configured) + os.sep
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name: torch's own fallback
+        user = "unknown"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + user) + os.sep
+
+
+_GENERATED_DIR = _inductor_cache_dir()
 
 
 def short_path(path: str, cwd: str | None = None) -> str:
@@ -68,16 +91,34 @@ def is_torch_file(name: str) -> bool:
 def is_internal_file(name: str) -> bool:
     """Code of torch, of this package or of the import machinery: never a user site."""
     if name.startswith("<"):
-        return name in _INTERNAL_PSEUDO_FILES
-    return os.path.abspath(name).startswith((TORCH_DIR, PACKAGE_DIR))
+        return name in _INTERNAL_PSEUDO_FILES or name.startswith(_GENERATED_PSEUDO_FILE)
+    return os.path.abspath(name).startswith((TORCH_DIR, PACKAGE_DIR, _GENERATED_DIR))
 
 
 def is_user_file(name: str) -> bool:
     """The user's own code, where an edit may go: not torch's, this package's, the standard
     library's or an installed package's (anything under site-packages or dist-packages)."""
     if name.startswith("<"):
-        return name not in _INTERNAL_PSEUDO_FILES
+        return name not in _INTERNAL_PSEUDO_FILES and not name.startswith(_GENERATED_PSEUDO_FILE)
     path = os.path.abspath(name)
-    if path.startswith((TORCH_DIR, PACKAGE_DIR) + _INSTALLED_DIRS):
+    if path.startswith((TORCH_DIR, PACKAGE_DIR, _GENERATED_DIR) + _INSTALLED_DIRS):
         return False
     return not any(folder in path.split(os.sep) for folder in _PACKAGE_FOLDERS)
+
+
+def is_generated_file(name: str) -> bool:
+    """Code torch.compile generated: an FX graph's or Inductor's output code."""
+    if name.startswith("<"):
+        return name.startswith(_GENERATED_PSEUDO_FILE)
+    return os.path.abspath(name).startswith(_GENERATED_DIR)
+
+
+def called_from_generated_code(depth: int = 2, limit: int = 8) -> bool:
+    """Whether one of the `limit` frames from `depth` up (the caller's caller first) runs code
+    torch.compile generated: an op that a compiled artifact dispatches itself."""
+    frame = sys._getframe(depth)
+    while frame is not None and limit:
+        if is_generated_file(frame.f_code.co_filename):
+            return True
+        frame, limit = frame.f_back, limit - 1
+    return False

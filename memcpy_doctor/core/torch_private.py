@@ -2,6 +2,7 @@
 tests/test_torch_private.py checks each private API the package uses, here or in place."""
 
 import re
+import sys
 
 import torch
 
@@ -70,3 +71,66 @@ try:  # CUDA's own synchronization callbacks, below the dispatcher (tracer/cuda_
 except ImportError:  # pragma: no cover - a torch without them: the hooks are off
     gpu_trace = None
 __all__ += ["gpu_trace"]
+
+
+class CompileHooks:
+    """What tracer/compiled.py needs of torch.compile's private parts, in one place: Dynamo's
+    OutputGraph (whose `call_user_compiler` hands each graph to the backend), the list of graph
+    breaks it appends to, its compile start and end callbacks, the id of the compile now
+    running, its counters of graph-break messages, and AOT autograd's runtime module."""
+
+    def __init__(self) -> None:
+        import torch._dynamo
+        from torch._dynamo import output_graph
+        from torch._dynamo.utils import counters
+        from torch._functorch._aot_autograd import runtime_wrappers
+        from torch._guards import CompileContext
+
+        handler = torch._dynamo.callback_handler
+        self.output_graph = output_graph.OutputGraph
+        self.graph_break_reasons = output_graph.graph_break_reasons
+        self.on_start, self.on_end = (handler.register_start_callback,
+                                      handler.register_end_callback)
+        self.remove_start, self.remove_end = (handler.remove_start_callback,
+                                              handler.remove_end_callback)
+        self.compile_id = CompileContext.current_compile_id
+        self._counters = counters
+        self.skip_frame = dynamo_skip_frame
+        #: the module whose `call_func_at_runtime_with_args` runs a compiled backward
+        self.aot_runtime = runtime_wrappers
+
+    def full_gb_code(self, text: str) -> str | None:
+        """The GB code of a graph-break message Dynamo cut short in its reason, from the whole
+        message it counted."""
+        head = text.strip()[:200]
+        for message in self._counters.get("graph_break", {}):
+            if head and message.startswith(head):
+                found = re.search(r"/gb/(gb\d+)\.html", message)
+                if found:
+                    return found.group(1).upper()
+        return None
+
+
+def compile_hooks() -> CompileHooks | None:
+    """CompileHooks, or None where this torch cannot run compiled code under a dispatch mode
+    (no `TorchDispatchMode.ignore_compile_internals`, no compile callbacks)."""
+    if not hasattr(TorchDispatchMode, "ignore_compile_internals"):
+        return None
+    try:
+        return CompileHooks()
+    except (ImportError, AttributeError):
+        return None
+
+
+__all__ += ["CompileHooks", "compile_hooks"]
+
+
+def dynamo_frames() -> int:
+    """How many frames torch.compile has looked at in this process (0 before it is used)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return 0
+    return int(dynamo.counters["frames"].get("total", 0))
+
+
+__all__ += ["dynamo_frames"]

@@ -14,7 +14,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .compiled import CompileInfo
 from .defaults import SCHEMA_VERSION
+from .site import Site, TraceError
 
 DIRECTIONS = ("HtoD", "DtoH", "DtoD")
 #: Paddle's names for the copy directions, used in Event Summary row names.
@@ -25,21 +27,6 @@ def copy_event_name(direction: str, sync: bool) -> str:
     """A copy kind's Event Summary row: "GpuMemcpySync:CPU->GPU", ..."""
     return f"GpuMemcpy{'Sync' if sync else 'Async'}:{PADDLE_DIRECTION[direction]}"
 
-
-class TraceError(Exception):
-    """A trace file that cannot be read: missing, not JSON, not a trace, or a newer schema."""
-
-
-@dataclass(frozen=True)
-class Site:
-    """A place in the user's code: absolute file path, line number, function name."""
-
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -211,6 +198,7 @@ class Trace:
     waits: list[WaitRecord]
     flows: list[FlowRecord] = field(default_factory=list)
     transfers: list[TransferRecord] = field(default_factory=list)
+    compile: CompileInfo | None = None  # what torch.compile did (core/compiled.py)
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
@@ -242,6 +230,7 @@ class Trace:
             "waits": [asdict(w) for w in self.waits],
             "flows": [asdict(f) for f in self.flows],
             "transfers": [asdict(t) for t in self.transfers],
+            **({"compile": self.compile.to_dict()} if self.compile is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -294,7 +283,9 @@ class Trace:
                        waits=[_wait(w) for w in _list(data["waits"], "waits")],
                        flows=[_flow(f) for f in _list(data.get("flows", []), "flows")],
                        transfers=[_transfer(t)
-                                  for t in _list(data.get("transfers", []), "transfers")])
+                                  for t in _list(data.get("transfers", []), "transfers")],
+                       compile=(CompileInfo.from_dict(data["compile"])
+                                if data.get("compile") is not None else None))
         except TraceError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:

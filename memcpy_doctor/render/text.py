@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..analysis.steady import StepSplit, split_sync
+from ..analysis.steady import StepSplit, estimate_steps, split_sync
 from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..core.paths import format_site
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
+from .compiled import compile_lines
 
 _RULE = "-" * 25
 _SORT_WORDS = {"calls": "number of calls", "total": "total time", "max": "maximum time",
@@ -155,9 +156,14 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
                        ("  GpuMemcpySync", s.memcpy_sync)):
         lines.append(f"{label:<25}Calls: {fig.calls:<12}Total: {_ms(fig.time_ns):<12}"
                      f"Ratio: {_pct(fig.time_ns, total)}")
-    lines.append(_per_step_line(split_sync(trace)))
+    split = split_sync(trace)
+    lines.append(_per_step_line(split))
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
               "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
+    if trace.compile is not None:
+        steps = split.steps or estimate_steps(trace)
+        lines += [_banner("Graph breaks"), "",
+                  *compile_lines(trace.compile, trace.copies, steps, cwd, plain_table), ""]
     return "\n".join(lines)
 
 

@@ -27,13 +27,17 @@ from ..core.costmodel import DeviceProfile, load_profile
 from ..core.summary import summarize
 from ..core.defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
 from ..core.guardstate import inside_guard
+from ..core.compiled import CompileInfo
+from ..core.torch_private import dynamo_frames
 from ..core.trace import Meta, Trace
 from .sim import marks as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
+from .compiled import CompileWatch, compile_supported
 from .cuda import device_peaks, run_peak, wait_patches
 from .cuda_hooks import SyncHooks
 from .cuda_timer import CudaTimer
+from .perop import recorder
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
 from .sim.device import SimDevice
 from .sim.session import session_sim
@@ -108,6 +112,8 @@ class Tracer:
         self._thread_states: dict[int, TraceState] = {}
         self._thread = threading.get_ident()  # the tracing thread (set again by start)
         self._peaks_before: list[int] = []  # real GPU: the allocator's peaks at the start
+        self._compile: CompileWatch | None = None
+        self._dynamo_frames = 0  # frames torch.compile had seen when tracing started
 
     def start(self) -> Tracer:
         if inside_guard():
@@ -139,14 +145,16 @@ class Tracer:
                 _sim._ACTIVE["sim"] = sim
                 stack.callback(_sim._ACTIVE.clear)
                 autocast = stack.enter_context(cuda_autocast(sim))
-                stack.enter_context(_Patch(
+                sim_patch = _Patch(
                     [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]
                     + [(torch.accelerator, k, v)
                        for k, v in _sim.accelerator_patches(sim).items()]
                     + [_sim.pin_memory_patch(sim)] + _sim.memory_stats_patches(sim)
-                    + torch_patches(sim) + autocast))
+                    + torch_patches(sim) + autocast)
+                stack.enter_context(sim_patch)
                 stack.enter_context(serialization(sim))
             else:
+                sim_patch = None
                 state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
                 handlers = self._handlers(state)
                 stack.enter_context(_Patch(wait_patches(self._state_here)))
@@ -166,12 +174,25 @@ class Tracer:
             state.suspended = True
             torch.empty(0)
             state.suspended = False
+            self._compile = self._watch_compiles(stack, sim_patch)
         except BaseException:
             stack.close()
             raise
         self._stack = stack
         self._start_ns = state.start_ns = perf_counter_ns()
         return self
+
+    def _watch_compiles(self, stack: ExitStack, sim_patch: _Patch | None) -> CompileWatch | None:
+        """Keep torch.compile's code compiled while tracing (tracer/compiled.py); None on a
+        torch that cannot (compiled functions then run eagerly, op by op)."""
+        self._dynamo_frames = dynamo_frames()
+        if not compile_supported():
+            return None
+        lift = restore = None
+        if sim_patch is not None:  # the compile sees the host it runs on
+            lift, restore = (lambda: sim_patch.__exit__(None, None, None)), sim_patch.__enter__
+        return stack.enter_context(CompileWatch(self._state_here, recorder, self._sim,
+                                                lift, restore))
 
     def _handlers(self, state: TraceState) -> dict[Any, Callable]:
         if self._sim is not None:
@@ -259,6 +280,27 @@ class Tracer:
         if self._state is not None and listener in self._state.collector.listeners:
             self._state.collector.listeners.remove(listener)
 
+    def _compile_info(self, copies: list) -> CompileInfo | None:
+        """trace.compile: what torch.compile did while tracing; None if it did nothing."""
+        if self._compile is None:
+            if dynamo_frames() == self._dynamo_frames:
+                return None
+            return CompileInfo(supported=False, notes=[
+                f"torch {torch.__version__} cannot run compiled code under a dispatch mode "
+                "(no ignore_compile_internals): compiled functions ran eagerly, op by op"])
+        info = self._compile.info()
+        if not info.graphs and not info.graph_breaks and not info.recompiles:
+            return None
+        info.attach_copies(copies)
+        if self.device == "sim":
+            info.notes.append("compiled regions ran Inductor's CPU code; each region's device "
+                              "time is modeled as one memory-bound kernel (its inputs read, its "
+                              "outputs written), not from its real kernels")
+        else:
+            info.notes.append("compiled regions: host time measured; the device time of "
+                              "their own kernels is not (torch.profiler's trace has it)")
+        return info
+
     def __enter__(self) -> Tracer:
         return self.start()
 
@@ -293,7 +335,8 @@ class Tracer:
                                  f"first {len(col.transfers)} are counted but not logged")
         return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
                      ops=col.op_records(), copies=copies, waits=col.wait_records(),
-                     flows=col.flow_records(), transfers=list(col.transfers))
+                     flows=col.flow_records(), transfers=list(col.transfers),
+                     compile=self._compile_info(copies))
 
 
 def _traced_start(tracer: Tracer) -> Any:

@@ -15,6 +15,7 @@ from time import perf_counter_ns
 from typing import Any, Callable
 
 import torch
+from torch.compiler import is_compiling
 
 from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
                                   dynamo_skip_frame)
@@ -42,9 +43,14 @@ class DispatchMode(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         return False  # read once, by TorchDispatchMode.__init_subclass__
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
     def __init__(self, state: TraceState) -> None:
         super().__init__()
         self.state = state
+        state.dispatch_mode = self
         dispatch = dispatcher(state)
         self.__torch_dispatch__ = types.MethodType(dispatch, self)
         dynamo_skip_frame(dispatch.__code__)
@@ -111,7 +117,7 @@ class FunctionMode(TorchFunctionMode):
                                kwargs: dict | None = None) -> Any:
             if kwargs is None:
                 kwargs = _NO_KWARGS
-            if state.suspended:
+            if state.suspended or is_compiling():
                 return func(*args, **kwargs)
             try:
                 kind = kinds.get(func)

@@ -100,6 +100,7 @@ class TraceState:
         self.suspended = False
         self.trigger: str | None = None  # the Python call now running, if it names copies
         self.forced: bool | None = None  # simulated factory: outputs on cuda (True) / host
+        self.dispatch_mode: Any = None  # this thread's modes.DispatchMode, once entered
         # simulated: the arguments of the torch call now running; an op inside it with no
         # tensor inputs (a factory inside a composite op) is on cuda if they are
         self.call_args: tuple[tuple, dict] | None = None

@@ -332,7 +332,7 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         # what torch.cuda.device / device_of switch with (a CUDA build of torch without a
         # driver would fail there); the one device is always current
         "_exchange_device": _exchange_device,
-        "_maybe_exchange_device": _exchange_device,
+        "_maybe_exchange_device": lambda device: _exchange_device(device),
         "is_current_stream_capturing": lambda: False,
         # random numbers "on the device" are drawn from the host's generator: its state is
         # the device's (torch.utils.checkpoint and seeding helpers save and restore it)
