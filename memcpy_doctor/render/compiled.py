@@ -44,7 +44,7 @@ def compile_lines(info: CompileInfo, copies: list, steps: int | None, cwd: str |
                 sync = "-"
             reason = brk.reason + (f" [{brk.gb_code}]" if brk.gb_code else "")
             rows.append([format_site(brk.site, cwd), str(brk.calls or "-"), sync, reason])
-        lines += ["", table(rows, ["Site", "Calls", per, "Reason"])]
+        lines += ["", *table(rows, ["Site", "Calls", per, "Reason"]).splitlines()]
     reads = [(site, g) for g in info.graphs for site in g.host_reads]
     if reads:
         synced: dict[tuple, int] = {}

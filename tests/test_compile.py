@@ -1,0 +1,300 @@
+"""torch.compile under the tracer (tracer/compiled.py, core/compiled.py, render/compiled.py).
+
+Real compiled programs of several shapes run under the tracer on the simulated GPU with
+Inductor (CPU kernels): a graph break at `.item()`, a read Inductor fuses away, a fullgraph
+program whose read sizes a tensor (an in-graph `u0 = buf0.item()`), a mask index, and a
+compiled nn.Module trained with an optimizer. Each is held to the syncs the compiled program
+makes, at the user's line, and to nothing the compiled program does not make. The helpers that
+read Dynamo's output (stack traces, GB codes) and the report section are held to exact text on
+hand-built input.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import traceback
+
+import pytest
+import torch
+
+from memcpy_doctor.core.compiled import BreakCopy, CompileInfo, GraphBreak, GraphRecord
+from memcpy_doctor.core.trace import Site, Trace
+from memcpy_doctor.render.compiled import compile_lines
+from memcpy_doctor.render.text import plain_table, render_text
+from memcpy_doctor.tracer import Tracer
+from memcpy_doctor.tracer.compiled import (break_site, compile_supported, gb_code,
+                                           stack_site)
+
+pytestmark = pytest.mark.skipif(not compile_supported(),
+                                reason="this torch cannot keep compiled code compiled")
+
+
+def run_program(tmp_path, source: str, name: str = "prog.py") -> tuple[Trace, str, dict]:
+    """Run `source` as a script under a simulated-GPU tracer; its trace, path and globals."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    torch._dynamo.reset()
+    scope = {"__name__": "__main__", "__file__": str(path)}
+    tracer = Tracer(device="sim")
+    with tracer:
+        exec(compile(path.read_text(), str(path), "exec"), scope)
+    torch._dynamo.reset()
+    return tracer.trace, str(path), scope
+
+
+def syncs(trace: Trace) -> list[tuple[str, str, int, int]]:
+    """(direction, trigger, line, calls) of each sync copy."""
+    return sorted((c.direction, c.trigger, c.site.line if c.site else -1, c.calls)
+                  for c in trace.copies if c.sync)
+
+
+def regions(trace: Trace) -> dict[str, int]:
+    return {o.op: o.calls for o in trace.ops if o.op.startswith("Torch-Compiled Region")}
+
+
+def test_graph_break_at_item_is_priced_at_its_line(tmp_path):
+    trace, path, scope = run_program(tmp_path, """\
+        import torch
+        @torch.compile
+        def step(x, w):
+            y = x @ w
+            s = y.sum().item()
+            return y * s
+        x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
+        for i in range(5):
+            out = step(x, w)
+        where = str(out.device)
+        """)
+    assert scope["where"] == "cuda:0"  # the compiled region's output lives where its inputs do
+    assert syncs(trace) == [("DtoH", "item", 5, 5)]
+    assert sorted(regions(trace).values()) == [5, 5]  # the graphs before and after the break
+    info = trace.compile
+    assert info.supported and len(info.graphs) == 2 and info.recompiles == 0
+    [brk] = info.graph_breaks
+    assert (brk.site.file, brk.site.line) == (path, 5)
+    assert brk.reason == "Unsupported Tensor.item() call with capture_scalar_outputs=False"
+    assert brk.gb_code == "GB0124"
+    assert brk.calls == 5 and brk.graph_calls == 5
+    assert [(c.direction, c.trigger, c.calls, c.bytes) for c in brk.sync_copies] == [
+        ("DtoH", "item", 5, 20)]
+    # no aten op of the graphs ran one by one: only the matmul Inductor calls out to
+    assert {o.op for o in trace.ops} == {"aten::randn", "aten::mm", *regions(trace)}
+
+
+def test_read_fused_by_inductor_makes_no_sync(tmp_path):
+    trace, path, _ = run_program(tmp_path, """\
+        import torch
+        torch._dynamo.config.capture_scalar_outputs = True
+        @torch.compile
+        def step(x, w):
+            y = x @ w
+            s = y.sum().item()
+            return y * s
+        x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
+        for i in range(5):
+            out = step(x, w)
+        torch._dynamo.config.capture_scalar_outputs = False
+        """)
+    assert syncs(trace) == []
+    assert trace.compile.graph_breaks == []
+    [graph] = trace.compile.graphs
+    assert [(s.file, s.line) for s in graph.host_reads] == [(path, 6)] and graph.calls == 5
+    text = render_text(trace)
+    assert "prog.py:6  in Torch-Compiled Region: 0/0 (5 calls): no sync: the compiled code " \
+           "keeps the value on the device" in text
+
+
+def test_in_graph_read_is_at_the_user_line_not_the_def_line(tmp_path):
+    trace, path, scope = run_program(tmp_path, """\
+        import torch
+        torch._dynamo.config.capture_scalar_outputs = True
+        @torch.compile(fullgraph=True)
+        def step(x):
+            n = (x > 0).sum().item()
+            torch._check_is_size(n)
+            return torch.zeros(n, device=x.device) + x.mean()
+        x = torch.arange(-3.0, 7.0, device="cuda")
+        for i in range(4):
+            out = step(x)
+        where = str(out.device)
+        torch._dynamo.config.capture_scalar_outputs = False
+        """)
+    assert tuple(scope["out"].shape) == (6,) and scope["where"] == "cuda:0"
+    assert syncs(trace) == [("DtoH", "item", 5, 4)]
+    assert trace.compile.graph_breaks == []
+    assert "prog.py:5  in Torch-Compiled Region: 0/0 (4 calls): a sync copy, 4 calls" \
+           in render_text(trace)
+
+
+def test_mask_index_breaks_the_graph_and_syncs_at_its_line(tmp_path):
+    trace, path, scope = run_program(tmp_path, """\
+        import torch
+        @torch.compile
+        def step(x):
+            y = x * 2
+            return y[y > 0].sum()
+        x = torch.arange(-5.0, 5.0, device="cuda")
+        for i in range(3):
+            out = step(x)
+        """)
+    assert scope["out"].item() == 20.0
+    assert syncs(trace) == [("DtoH", "mask", 5, 3)]
+    [brk] = trace.compile.graph_breaks
+    assert brk.site.line == 5 and brk.gb_code == "GB0036" and brk.calls == 3
+
+
+def test_compiled_module_trains_with_an_optimizer(tmp_path):
+    trace, path, scope = run_program(tmp_path, """\
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).cuda()
+        compiled = torch.compile(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(4, 8).cuda(); y = torch.randn(4, 1).cuda()
+        losses = []
+        for step in range(4):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(compiled(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        where = {str(t.device) for p in model.parameters() for t in (p, p.grad)}
+        """)
+    torch.manual_seed(0)  # the same steps eagerly on the host give the same losses
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    expected = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert scope["losses"] == pytest.approx(expected, rel=1e-5)
+    assert scope["where"] == {"cuda:0"}
+    assert ("DtoH", "item", 13, 4) in syncs(trace)
+    assert regions(trace) == {"Torch-Compiled Region: 0/0": 4}
+
+
+def test_a_failing_compile_fails_as_without_the_tool(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        @torch.compile(fullgraph=True)
+        def f(x):
+            print("side effect")
+            return x + 1
+        f(torch.randn(3))
+        """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
+    plain, traced = (subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env)
+                     for cmd in ([sys.executable, "bad.py"],
+                                 [sys.executable, "-m", "memcpy_doctor", "profile", "bad.py"]))
+    assert plain.returncode == traced.returncode == 1
+    last = [line for line in plain.stderr.splitlines() if line.startswith("torch._dynamo")]
+    assert last and last[0] in traced.stderr  # Dynamo's own error, unchanged
+    frames = traced.stderr.split("Traceback (most recent call last):")[1].split(last[0])[0]
+    assert 'bad.py", line 6' in frames and "memcpy_doctor" not in frames
+
+
+def test_patches_are_undone_after_a_compiled_run(tmp_path):
+    from memcpy_doctor.core.torch_private import compile_hooks
+    hooks = compile_hooks()
+    before = (hooks.output_graph.call_user_compiler,
+              hooks.aot_runtime.call_func_at_runtime_with_args,
+              list(torch._dynamo.callback_handler.start_callbacks),
+              list(torch._dynamo.callback_handler.end_callbacks), torch.cuda.is_available)
+    run_program(tmp_path, """\
+        import torch
+        f = torch.compile(lambda x: x.sin() + 1)
+        f(torch.randn(4, device="cuda"))
+        """)
+    assert (hooks.output_graph.call_user_compiler,
+            hooks.aot_runtime.call_func_at_runtime_with_args,
+            list(torch._dynamo.callback_handler.start_callbacks),
+            list(torch._dynamo.callback_handler.end_callbacks),
+            torch.cuda.is_available) == before
+
+
+def test_trace_compile_round_trips_through_json(tmp_path):
+    trace, _, _ = run_program(tmp_path, """\
+        import torch
+        @torch.compile
+        def step(x):
+            return x.sum().item()
+        x = torch.ones(4, device="cuda")
+        for i in range(2):
+            step(x)
+        """)
+    saved = tmp_path / "t.json"
+    trace.save(saved)
+    again = Trace.load(saved)
+    assert again.compile == trace.compile
+    assert again.to_dict()["compile"]["graph_breaks"][0]["gb_code"] == "GB0124"
+
+
+# ----- Dynamo's output, read -----
+
+def test_stack_site_takes_the_innermost_frame_outside_torch():
+    import torch as t
+    torch_file = os.path.join(os.path.dirname(t.__file__), "nn", "modules", "linear.py")
+    text = (f'  File "/work/proj/model.py", line 12, in forward\n    y = self.l(x)\n'
+            f'  File "{torch_file}", line 125, in forward\n    return F.linear(x)\n')
+    assert stack_site(text) == Site("/work/proj/model.py", 12, "forward")
+    assert stack_site(None) is None and stack_site("") is None
+
+
+def test_break_site_skips_the_tracer_s_own_frames():
+    here = os.path.abspath(__file__)
+    user = traceback.FrameSummary(here, 7, "step")
+    ours = traceback.FrameSummary(os.path.join(os.path.dirname(os.path.dirname(here)),
+                                               "memcpy_doctor", "tracer", "modes.py"), 121, "f")
+    assert break_site([user, ours]) == Site(here, 7, "step")
+    assert break_site([ours]) is None
+
+
+def test_gb_code_from_the_message_s_link():
+    assert gb_code("...please visit: https://meta-pytorch.github.io/compile-graph-break-site/"
+                   "gb/gb0124.html") == "GB0124"
+    assert gb_code("Graph break GB0036 here") == "GB0036"
+    assert gb_code("no code") is None
+
+
+# ----- the report's section, on hand-built input -----
+
+def _info() -> CompileInfo:
+    site = Site("/work/proj/train.py", 50, "train_step")
+    return CompileInfo(
+        supported=True, recompiles=1,
+        graphs=[GraphRecord("Torch-Compiled Region: 0/0", Site("/work/proj/train.py", 48, "f"),
+                            nodes=6, host_reads=[Site("/work/proj/train.py", 49, "f")],
+                            calls=10)],
+        graph_breaks=[GraphBreak(site=site, reason="Unsupported Tensor.item() call",
+                                 gb_code="GB0124", graph_calls=10, calls=10,
+                                 sync_copies=[BreakCopy("DtoH", "item", 10, 40, 1_000_000)])],
+        notes=["a note"])
+
+
+def test_graph_breaks_section_prices_each_break_per_step():
+    lines = compile_lines(_info(), [], 10, "/work/proj", plain_table)
+    assert lines == [
+        "torch.compile: 1 graph, 1 graph break, 1 recompile",
+        "",
+        "Site         Calls    Sync per step (10 steps)    Reason",
+        "train.py:50  10       DtoH item 1 (0.1 ms)        Unsupported Tensor.item() call [GB0124]",
+        "",
+        "Host reads captured in compiled graphs:",
+        "  train.py:49  in Torch-Compiled Region: 0/0 (10 calls): no sync: the compiled code "
+        "keeps the value on the device",
+        "Note: a note",
+    ]
+
+
+def test_an_older_torch_says_compiled_code_ran_eagerly():
+    info = CompileInfo(supported=False, notes=["torch 2.6.0 cannot ..."])
+    assert compile_lines(info, [], None, None, plain_table) == ["torch 2.6.0 cannot ..."]
