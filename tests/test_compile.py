@@ -298,3 +298,23 @@ def test_graph_breaks_section_prices_each_break_per_step():
 def test_an_older_torch_says_compiled_code_ran_eagerly():
     info = CompileInfo(supported=False, notes=["torch 2.6.0 cannot ..."])
     assert compile_lines(info, [], None, None, plain_table) == ["torch 2.6.0 cannot ..."]
+
+
+def test_two_in_graph_reads_each_at_its_own_line(tmp_path):
+    trace, _, _ = run_program(tmp_path, """\
+        import torch
+        torch._dynamo.config.capture_scalar_outputs = True
+        @torch.compile(fullgraph=True)
+        def step(x):
+            n = (x > 0).sum().item()
+            m = (x > 2).sum().item()
+            torch._check_is_size(n)
+            torch._check_is_size(m)
+            return torch.zeros(n, device=x.device), torch.ones(m, device=x.device)
+        x = torch.arange(-3.0, 7.0, device="cuda")
+        for i in range(3):
+            a, b = step(x)
+        sizes = (len(a), len(b))
+        torch._dynamo.config.capture_scalar_outputs = False
+        """)
+    assert syncs(trace) == [("DtoH", "item", 5, 3), ("DtoH", "item", 6, 3)]

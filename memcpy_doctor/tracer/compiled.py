@@ -36,7 +36,7 @@ from ..core.compiled import CompileInfo, GraphBreak, GraphRecord
 from ..core.paths import is_internal_file, is_package_file
 from ..core.torch_private import compile_hooks
 from ..core.trace import Site
-from .optable import OpInfo
+from .optable import OP_INFO, OpInfo, op_info
 from .sites import UNSET
 from .state import tensor_args, tensors_out, with_kwarg_tensors
 
@@ -257,17 +257,21 @@ class CompileWatch:
                     dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
             any_dev = True in dev_in
             calls = state.sites.calls
-            calls.append([_getframe(0), UNSET if region.site is None else region.site])
+            entry = [_getframe(0), UNSET if region.site is None else region.site]
+            calls.append(entry)
             mode = state.dispatch_mode
-            if any_dev and marks is not None:  # what the region still dispatches touches
-                plain = mode.__torch_dispatch__  # buffers Inductor made on the host: on a
-                mode.__torch_dispatch__ = types.MethodType(on_device(plain), mode)  # GPU,
-            t0 = perf_counter_ns()  # they are device memory
+            mark = any_dev and marks is not None  # what the region still dispatches may
+            walk = len(region.reads) > 1  # touch buffers Inductor made on the host (on a
+            if mark or walk:  # GPU, device memory); a region with several host reads
+                plain = mode.__torch_dispatch__  # has each at its own line
+                mode.__torch_dispatch__ = types.MethodType(
+                    in_region(plain, entry, region.reads if walk else None, mark), mode)
+            t0 = perf_counter_ns()
             try:
                 out = compiled(*args, **kwargs)
             finally:
                 calls.pop()
-                if any_dev and marks is not None:
+                if mark or walk:
                     mode.__torch_dispatch__ = plain
             host_ns = perf_counter_ns() - t0
             with _DisableTorchFunction():
@@ -282,18 +286,28 @@ class CompileWatch:
                        region.site, host_ns)
             return out
 
-        def on_device(plain: Callable) -> Callable:
-            """The dispatch mode's handler inside a region on the simulated GPU: the tensors
-            an op reads are marked as device memory first (if they are not yet)."""
-            mark = marks.mark_outputs
+        def in_region(plain: Callable, entry: list, reads: list | None, mark: bool) -> Callable:
+            """The dispatch mode's handler inside a region: on the simulated GPU (`mark`),
+            the tensors an op reads are marked as device memory first (if they are not yet);
+            with several host reads (`reads`), each op that reads the device from the host
+            moves the region's site on to the next read's line, in the graph's order."""
+            mark_storages = marks.mark_outputs if mark else None
+            taken = [0]
 
             def region_dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
                                 kwargs: dict | None = None) -> Any:
-                if not state_here().suspended:
+                if state_here().suspended:
+                    return plain(func, types, args, kwargs)
+                if mark_storages is not None:
                     with _DisableTorchFunction():
                         ins = tensor_args(args)
-                        mark(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
-                return plain(func, types, args, kwargs)
+                        mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
+                try:
+                    return plain(func, types, args, kwargs)
+                finally:
+                    if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
+                        taken[0] += 1
+                        entry[1] = reads[min(taken[0], len(reads) - 1)]
 
             return region_dispatch
 
