@@ -318,3 +318,72 @@ def test_two_in_graph_reads_each_at_its_own_line(tmp_path):
         torch._dynamo.config.capture_scalar_outputs = False
         """)
     assert syncs(trace) == [("DtoH", "item", 5, 3), ("DtoH", "item", 6, 3)]
+
+
+# ----- explain: the fix of a graph break that syncs -----
+
+def _break_trace(tmp_path, trigger: str, gb: str, reason: str) -> tuple[Trace, str]:
+    from helpers import make_trace
+    from memcpy_doctor.core.trace import CopyRecord
+    prog = tmp_path / "train.py"
+    prog.write_text("import os\nimport torch\n\n@torch.compile\ndef f(x):\n"
+                    "    return x.sum().item()\n")
+    site = Site(str(prog), 6, "f")
+    copy = CopyRecord(direction="DtoH", sync=True, pinned=False, trigger=trigger, calls=10,
+                      bytes=40, host_ns=900_000, device_ns=100_000, site=site, stack=[site],
+                      producer=None, consumer=None)
+    trace = make_trace(copies=[copy])
+    trace.compile = CompileInfo(supported=True, graph_breaks=[GraphBreak(
+        site=site, reason=reason, gb_code=gb, graph_calls=10, calls=10)])
+    return trace, str(prog)
+
+
+def test_a_scalar_read_break_gets_the_config_line_as_a_diff(tmp_path):
+    from memcpy_doctor.analysis.compile_rules import graph_break_suggestions
+    trace, prog = _break_trace(tmp_path, "item", "GB0124",
+                               "Unsupported Tensor.item() call with capture_scalar_outputs=False")
+    [s] = graph_break_suggestions(trace, cwd=str(tmp_path))
+    assert s.title == ("set torch._dynamo.config.capture_scalar_outputs = True for the graph "
+                       "break at train.py:6")
+    assert s.saving_ns == 900_000 and s.removes == trace.copies and not s.exact
+    assert s.apply == {"kind": "line", "file": prog, "line": 2, "old": "import torch",
+                       "new": "import torch; torch._dynamo.config.capture_scalar_outputs = "
+                              "True  # memcpy-doctor: keep the graph whole"}
+    assert "-import torch\n+import torch; torch._dynamo.config.capture_scalar_outputs" in s.diff
+
+
+def test_a_mask_break_gets_static_shape_advice_without_a_diff(tmp_path):
+    from memcpy_doctor.analysis.compile_rules import graph_break_suggestions
+    trace, _ = _break_trace(tmp_path, "mask", "GB0036", "Dynamic shape operator")
+    [s] = graph_break_suggestions(trace, cwd=str(tmp_path))
+    assert s.title == "keep the shape static at train.py:6" and s.diff is None
+    assert "capture_dynamic_output_shape_ops = True keeps the graph whole" in s.detail
+    assert "torch.where(mask, x, 0)" in s.detail
+
+
+def test_explain_verify_proves_the_config_fix_by_a_rerun(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        @torch.compile
+        def step(x, w):
+            y = x @ w
+            s = y.sum().item()
+            return y * s
+        x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
+        for i in range(5):
+            out = step(x, w)
+        """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "memcpy_doctor"]
+    run = subprocess.run([*cmd, "profile", "loop.py"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "loop.py:5  5        DtoH item 1" in run.stderr
+    verified = subprocess.run([*cmd, "explain", "memcpy_doctor_trace.json", "--verify",
+                               "loop.py"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert verified.returncode == 0, verified.stderr
+    assert ("1. set torch._dynamo.config.capture_scalar_outputs = True for the graph break at "
+            "loop.py:5") in verified.stdout
+    assert "verified by a re-run with the edit: sync calls 5 -> 0" in verified.stdout

@@ -24,6 +24,7 @@ from .edits import (LineChange, drop_transfer_change, guard_cost_ns, guard_diff,
                     non_blocking_change)
 from .placement_graph import placement_suggestions
 from .steady import per_step
+from .compile_rules import graph_break_suggestions
 from .suggestion import Suggestion
 
 
@@ -407,6 +408,7 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     last otherwise. Edits considered but estimated to save nothing go to `not_worth_it`."""
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
+    batches.append(graph_break_suggestions(trace, cwd))  # a compiled program's breaks first
     batches += [rule().match(trace, explanation, cwd) for rule in RULES]
     if device_memory_bytes is None:
         batches.append(placed)
