@@ -387,3 +387,25 @@ def test_explain_verify_proves_the_config_fix_by_a_rerun(tmp_path):
     assert ("1. set torch._dynamo.config.capture_scalar_outputs = True for the graph break at "
             "loop.py:5") in verified.stdout
     assert "verified by a re-run with the edit: sync calls 5 -> 0" in verified.stdout
+
+
+def test_diff_of_an_eager_and_a_compiled_run_names_the_syncs_compiling_removed():
+    from helpers import make_trace
+    from memcpy_doctor.analysis.compare import compare
+    from memcpy_doctor.render.diff import render_diff
+    eager = make_trace()
+    compiled = make_trace()
+    compiled.copies = [c for c in compiled.copies if c.trigger != "item"]
+    compiled.compile = CompileInfo(supported=True, graphs=[
+        GraphRecord("Torch-Compiled Region: 0/0", None, nodes=3, calls=10)])
+    text = render_diff(compare(eager, compiled), "eager.json", "compiled.json", cwd="/work/proj")
+    assert "Before: eager (nothing compiled)\nAfter: torch.compile, 1 graph, 0 graph breaks, " \
+           "0 recompiles\n" in text
+    rows = text.split("Sync copy paths that changed\n")[1].splitlines()
+    assert rows[0].split() == ["Copy", "Site", "Calls", "Before", "(ms)", "After", "(ms)", "Why"]
+    assert rows[1].split() == ["DtoH", "item", "train.py:50", "10", "->", "0", "1", "0",
+                               "removed", "by", "compiling"]
+    back = render_diff(compare(compiled, eager), "compiled.json", "eager.json", cwd="/work/proj")
+    # the other way round (compiled before, eager after) the read is still one compiling removes
+    assert back.split("Sync copy paths that changed\n")[1].splitlines()[1].split()[-3:] == [
+        "removed", "by", "compiling"]

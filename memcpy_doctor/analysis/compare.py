@@ -35,6 +35,9 @@ class Comparison:
     events: list[Figure]  # Event Summary rows whose calls or total changed
     sync_paths: list[PathChange]
     simulated: tuple[bool, bool]
+    #: how each run compiled: None for a run that compiled nothing, else its graphs, graph
+    #: breaks and recompiles (trace.compile)
+    compiled: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None] = (None, None)
 
 
 def _paths(trace: Trace) -> dict[tuple, list[int]]:
@@ -75,7 +78,15 @@ def compare(before: Trace, after: Trace) -> Comparison:
              for k in sorted(set(pb) | set(pa), key=lambda k: (str(k[2]), k[0], k[1]))
              if pb.get(k, [0, 0])[0] != pa.get(k, [0, 0])[0]]
     return Comparison(figures, events, paths,
-                      (before.meta.simulated, after.meta.simulated))
+                      (before.meta.simulated, after.meta.simulated),
+                      (_compiled(before), _compiled(after)))
+
+
+def _compiled(trace: Trace) -> tuple[int, int, int] | None:
+    info = trace.compile
+    if info is None or not info.supported:
+        return None
+    return len(info.graphs), len(info.graph_breaks), info.recompiles
 
 
 def removed_copies(c: Comparison) -> list[PathChange]:
