@@ -409,3 +409,19 @@ def test_diff_of_an_eager_and_a_compiled_run_names_the_syncs_compiling_removed()
     # the other way round (compiled before, eager after) the read is still one compiling removes
     assert back.split("Sync copy paths that changed\n")[1].splitlines()[1].split()[-3:] == [
         "removed", "by", "compiling"]
+
+
+def test_cudagraph_skips_are_heard_and_on_the_simulated_gpu_said_to_be_not_simulated(tmp_path):
+    import torch._inductor.output_code as output_code
+    original = output_code.log_cudagraph_skip_and_bump_counter
+    trace, _, _ = run_program(tmp_path, """\
+        import torch
+        import torch._inductor.output_code as output_code
+        f = torch.compile(lambda x: x.cos() * 3)
+        f(torch.randn(4, device="cuda"))
+        output_code.log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device")
+        """)
+    assert output_code.log_cudagraph_skip_and_bump_counter is original  # undone
+    assert trace.compile.cudagraph_skips == []  # CUDA graphs were never an option here
+    assert trace.compile.notes[0] == ('mode="reduce-overhead": CUDA graphs are not simulated '
+                                      "(the simulated GPU's compiled code is CPU code)")

@@ -1,8 +1,10 @@
 """The one import point for PyTorch's private modules, so that an upgrade touches one file.
 tests/test_torch_private.py checks each private API the package uses, here or in place."""
 
+import importlib
 import re
 import sys
+from typing import Any
 
 import torch
 
@@ -98,6 +100,21 @@ class CompileHooks:
         self.skip_frame = dynamo_skip_frame
         #: the module whose `call_func_at_runtime_with_args` runs a compiled backward
         self.aot_runtime = runtime_wrappers
+
+    @staticmethod
+    def cudagraph_skip_loggers() -> list[Any]:
+        """The modules that call Inductor's `log_cudagraph_skip_and_bump_counter` by that
+        name (each imported it), for a wrapper to hear each reason CUDA graphs were skipped
+        (mode="reduce-overhead"); importing them costs nothing more once Inductor compiles."""
+        found = []
+        for name in ("torch._inductor.output_code", "torch._inductor.cudagraph_trees"):
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - an Inductor that cannot import here (no
+                continue  # triton, another layout): no skip is heard
+            if hasattr(module, "log_cudagraph_skip_and_bump_counter"):
+                found.append(module)
+        return found
 
     def full_gb_code(self, text: str) -> str | None:
         """The GB code of a graph-break message Dynamo cut short in its reason, from the whole

@@ -158,6 +158,8 @@ class CompileWatch:
         self._reasons_seen = 0
         self._saved: Any = None
         self._compiling = 0
+        self.skips: list[str] = []  # why Inductor did not use CUDA graphs, as it said
+        self._skip_loggers: list[tuple[Any, Any]] = []
 
     # ----- entering and leaving -----
     def __enter__(self) -> CompileWatch:
@@ -180,7 +182,28 @@ class CompileWatch:
         hooks.remove_end(self._compile_ended)
         if self.sim is not None:
             hooks.aot_runtime.call_func_at_runtime_with_args = self._saved_call
+        for module, original in self._skip_loggers:
+            module.log_cudagraph_skip_and_bump_counter = original
+        self._skip_loggers.clear()
         self._collect_breaks()
+
+    def _hear_cudagraph_skips(self) -> None:
+        """Hear each reason Inductor gives for not using CUDA graphs, once its modules are
+        there (the first graph handed to a backend imports them)."""
+        if self._skip_loggers:
+            return
+        skips = self.skips
+
+        for module in self.hooks.cudagraph_skip_loggers():
+            original = module.log_cudagraph_skip_and_bump_counter
+
+            def log_cudagraph_skip_and_bump_counter(msg: str, _original: Any = original) -> Any:
+                if msg not in skips:
+                    skips.append(msg)
+                return _original(msg)
+
+            module.log_cudagraph_skip_and_bump_counter = log_cudagraph_skip_and_bump_counter
+            self._skip_loggers.append((module, original))
 
     def _marking(self, call: Callable) -> Callable:
         """AOT autograd's call of a compiled forward or backward, whose new outputs, on the
@@ -219,6 +242,7 @@ class CompileWatch:
         watch = self
 
         def wrapped(graph: Any, gm: Any, example_inputs: Any) -> Any:
+            watch._hear_cudagraph_skips()
             compiled = call_user_compiler(graph, gm, example_inputs)
             return watch.region(gm, compiled)
 
@@ -347,5 +371,11 @@ class CompileWatch:
         for region in self.regions:
             region.record.calls = region.calls
             graphs.append(region.record)
+        skips, notes = list(self.skips), []
+        if self.sim is not None and skips:  # Inductor compiled for the host here: CUDA
+            skips = []  # graphs were never an option, whatever the program asked
+            notes.append('mode="reduce-overhead": CUDA graphs are not simulated (the '
+                         "simulated GPU's compiled code is CPU code)")
         return CompileInfo(supported=True, graphs=graphs, recompiles=self.recompiles,
-                           graph_breaks=list(self.breaks.values()))
+                           graph_breaks=list(self.breaks.values()), cudagraph_skips=skips,
+                           notes=notes)
