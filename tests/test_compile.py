@@ -425,3 +425,26 @@ def test_cudagraph_skips_are_heard_and_on_the_simulated_gpu_said_to_be_not_simul
     assert trace.compile.cudagraph_skips == []  # CUDA graphs were never an option here
     assert trace.compile.notes[0] == ('mode="reduce-overhead": CUDA graphs are not simulated '
                                       "(the simulated GPU's compiled code is CPU code)")
+
+
+def test_a_torch_that_cannot_keep_code_compiled_runs_it_eagerly_and_says_so(tmp_path,
+                                                                           monkeypatch):
+    import memcpy_doctor.tracer as tracer_pkg
+    from memcpy_doctor.tracer.modes import DispatchMode
+    monkeypatch.setattr(tracer_pkg, "compile_supported", lambda: False)  # as torch 2.6
+    monkeypatch.setattr(DispatchMode, "ignore_compile_internals", classmethod(lambda c: False))
+    trace, _, _ = run_program(tmp_path, """\
+        import torch
+        @torch.compile
+        def step(x):
+            return (x * 2).sum().item()
+        x = torch.ones(4, device="cuda")
+        for i in range(3):
+            step(x)
+        """)
+    assert {o.op for o in trace.ops} >= {"aten::mul", "aten::sum"}  # op by op
+    assert trace.compile.supported is False
+    assert trace.compile.notes == [
+        f"torch {torch.__version__} cannot run compiled code under a dispatch mode (no "
+        "ignore_compile_internals): compiled functions ran eagerly, op by op"]
+    assert "compiled functions ran eagerly, op by op" in render_text(trace)

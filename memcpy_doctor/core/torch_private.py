@@ -3,7 +3,6 @@ tests/test_torch_private.py checks each private API the package uses, here or in
 
 import importlib
 import re
-import sys
 from typing import Any
 
 import torch
@@ -140,14 +139,3 @@ def compile_hooks() -> CompileHooks | None:
 
 
 __all__ += ["CompileHooks", "compile_hooks"]
-
-
-def dynamo_frames() -> int:
-    """How many frames torch.compile has looked at in this process (0 before it is used)."""
-    dynamo = sys.modules.get("torch._dynamo.utils")
-    if dynamo is None:
-        return 0
-    return int(dynamo.counters["frames"].get("total", 0))
-
-
-__all__ += ["dynamo_frames"]

@@ -14,6 +14,7 @@ then keeps its modes, suspended, until it ends.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from contextlib import ExitStack, contextmanager
@@ -28,7 +29,6 @@ from ..core.summary import summarize
 from ..core.defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
 from ..core.guardstate import inside_guard
 from ..core.compiled import CompileInfo
-from ..core.torch_private import dynamo_frames
 from ..core.trace import Meta, Trace
 from .sim import marks as _sim
 from .chrome import ChromeLog
@@ -113,7 +113,8 @@ class Tracer:
         self._thread = threading.get_ident()  # the tracing thread (set again by start)
         self._peaks_before: list[int] = []  # real GPU: the allocator's peaks at the start
         self._compile: CompileWatch | None = None
-        self._dynamo_frames = 0  # frames torch.compile had seen when tracing started
+        self._compiles_asked = [0]  # torch.compile calls while tracing, on a torch that
+        # cannot keep compiled code compiled under the tracer
 
     def start(self) -> Tracer:
         if inside_guard():
@@ -185,8 +186,9 @@ class Tracer:
     def _watch_compiles(self, stack: ExitStack, sim_patch: _Patch | None) -> CompileWatch | None:
         """Keep torch.compile's code compiled while tracing (tracer/compiled.py); None on a
         torch that cannot (compiled functions then run eagerly, op by op)."""
-        self._dynamo_frames = dynamo_frames()
-        if not compile_supported():
+        if not compile_supported():  # compiled functions run eagerly: count the compiles
+            stack.enter_context(_Patch([(torch, "compile", _counted(torch.compile,
+                                                                   self._compiles_asked))]))
             return None
         lift = restore = None
         if sim_patch is not None:  # the compile sees the host it runs on
@@ -283,7 +285,7 @@ class Tracer:
     def _compile_info(self, copies: list) -> CompileInfo | None:
         """trace.compile: what torch.compile did while tracing; None if it did nothing."""
         if self._compile is None:
-            if dynamo_frames() == self._dynamo_frames:
+            if not self._compiles_asked[0]:
                 return None
             return CompileInfo(supported=False, notes=[
                 f"torch {torch.__version__} cannot run compiled code under a dispatch mode "
@@ -337,6 +339,17 @@ class Tracer:
                      ops=col.op_records(), copies=copies, waits=col.wait_records(),
                      flows=col.flow_records(), transfers=list(col.transfers),
                      compile=self._compile_info(copies))
+
+
+def _counted(compile_: Callable, count: list[int]) -> Callable:
+    """torch.compile, counting its calls in `count[0]`."""
+
+    @functools.wraps(compile_)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return compile_(*args, **kwargs)
+
+    return compile
 
 
 def _traced_start(tracer: Tracer) -> Any:
