@@ -32,6 +32,21 @@ pytestmark = pytest.mark.skipif(not compile_supported(),
                                 reason="this torch cannot keep compiled code compiled")
 
 
+#: The issue's program: `.item()` in a compiled step, run 5 times; the read is on line 5 (and
+#: on line 6 where a line that sets capture_scalar_outputs comes first).
+ITEM_LOOP = textwrap.dedent("""\
+    import torch
+    @torch.compile
+    def step(x, w):
+        y = x @ w
+        s = y.sum().item()
+        return y * s
+    x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
+    for i in range(5):
+        out = step(x, w)
+    """)
+
+
 def run_program(tmp_path, source: str, name: str = "prog.py") -> tuple[Trace, str, dict]:
     """Run `source` as a script under a simulated-GPU tracer; its trace, path and globals."""
     path = tmp_path / name
@@ -56,18 +71,7 @@ def regions(trace: Trace) -> dict[str, int]:
 
 
 def test_graph_break_at_item_is_priced_at_its_line(tmp_path):
-    trace, path, scope = run_program(tmp_path, """\
-        import torch
-        @torch.compile
-        def step(x, w):
-            y = x @ w
-            s = y.sum().item()
-            return y * s
-        x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
-        for i in range(5):
-            out = step(x, w)
-        where = str(out.device)
-        """)
+    trace, path, scope = run_program(tmp_path, ITEM_LOOP + 'where = str(out.device)\n')
     assert scope["where"] == "cuda:0"  # the compiled region's output lives where its inputs do
     assert syncs(trace) == [("DtoH", "item", 5, 5)]
     assert sorted(regions(trace).values()) == [5, 5]  # the graphs before and after the break
@@ -85,19 +89,10 @@ def test_graph_break_at_item_is_priced_at_its_line(tmp_path):
 
 
 def test_read_fused_by_inductor_makes_no_sync(tmp_path):
-    trace, path, _ = run_program(tmp_path, """\
-        import torch
-        torch._dynamo.config.capture_scalar_outputs = True
-        @torch.compile
-        def step(x, w):
-            y = x @ w
-            s = y.sum().item()
-            return y * s
-        x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
-        for i in range(5):
-            out = step(x, w)
-        torch._dynamo.config.capture_scalar_outputs = False
-        """)
+    fused = ITEM_LOOP.replace("import torch\n", "import torch\n"
+                              "torch._dynamo.config.capture_scalar_outputs = True\n")
+    trace, path, _ = run_program(tmp_path, fused + (
+        "torch._dynamo.config.capture_scalar_outputs = False\n"))
     assert syncs(trace) == []
     assert trace.compile.graph_breaks == []
     [graph] = trace.compile.graphs
@@ -363,17 +358,7 @@ def test_a_mask_break_gets_static_shape_advice_without_a_diff(tmp_path):
 
 def test_explain_verify_proves_the_config_fix_by_a_rerun(tmp_path):
     script = tmp_path / "loop.py"
-    script.write_text(textwrap.dedent("""\
-        import torch
-        @torch.compile
-        def step(x, w):
-            y = x @ w
-            s = y.sum().item()
-            return y * s
-        x = torch.randn(16, 16, device="cuda"); w = torch.randn(16, 16, device="cuda")
-        for i in range(5):
-            out = step(x, w)
-        """))
+    script.write_text(ITEM_LOOP)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "memcpy_doctor"]
