@@ -433,3 +433,40 @@ def test_a_torch_that_cannot_keep_code_compiled_runs_it_eagerly_and_says_so(tmp_
         f"torch {torch.__version__} cannot run compiled code under a dispatch mode (no "
         "ignore_compile_internals): compiled functions ran eagerly, op by op"]
     assert "compiled functions ran eagerly, op by op" in render_text(trace)
+
+
+def test_graph_break_code_runs_through_the_tracer_s_handlers_uncompiled(tmp_path):
+    # Dynamo compiles frames called from a compiled function's graph-break code: the tracer's
+    # own handler among them, were it not kept uncompiled (its reads were then lost, its
+    # frames counted as recompiles)
+    trace, _, _ = run_program(tmp_path, """\
+        import torch
+        @torch.compile
+        def step(x):
+            y = x * 2
+            counts = y.sum(1).tolist()
+            if y.abs().max() > 10:
+                y = y / 10
+            return y, counts
+        for i in range(3):
+            out, counts = step(torch.ones(2, 4, device="cuda") * (i + 1))
+        """)
+    assert syncs(trace) == [("DtoH", "bool", 6, 3), ("DtoH", "tolist", 5, 3)]
+    info = trace.compile
+    assert info.recompiles == 0
+    assert sorted((b.site.line, b.gb_code, b.calls) for b in info.graph_breaks) == [
+        (5, "GB0109", 3), (6, "GB0170", 3)]
+    assert [b.reason for b in info.graph_breaks if b.site.line == 6] == [
+        "Data-dependent branching (generic_jump TensorVariable())"]
+
+
+def test_a_graph_of_torch_s_own_code_has_the_caller_s_line(tmp_path):
+    trace, path, _ = run_program(tmp_path, """\
+        import torch
+        net = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).cuda())
+        for i in range(2):
+            y = net(torch.ones(3, 4, device="cuda"))
+        """)
+    [region] = [o for o in trace.ops if o.op.startswith("Torch-Compiled Region")]
+    assert (region.site.file, region.site.line, region.calls) == (path, 4, 2)
+    assert trace.compile.graphs[0].site == region.site

@@ -115,19 +115,24 @@ def test_render_marks_times_off_by_more_than_the_goal(fid):
 def test_programs_are_the_samples_the_library_programs_and_the_sync_rule_scripts(fid):
     progs = fid.programs()
     names = [p.name for p in progs]
-    assert names[:10] == ["clean_pinned.py", "embedding_l2.py", "item_every_step.py",
+    assert names[:14] == ["clean_pinned.py", "embedding_l2.py", "item_every_step.py",
                           "shape_slice_crop.py", "accel.py", "hf_trainer.py",
-                          "lightning_gpu.py", "timm_amp.py", "tmetrics.py", "tv_detect.py"]
+                          "lightning_gpu.py", "timm_amp.py", "tmetrics.py", "tv_detect.py",
+                          "compiled_break.py", "compiled_cudagraphs.py", "compiled_hf.py",
+                          "compiled_lightning.py"]
     assert [p.path for p in progs[3:5]] == [str(ROOT / "sample_models" / "shape_slice_crop.py"),
                                             str(ROOT / "tests" / "programs" / "accel.py")]
-    assert {p.name: p.needs for p in progs[4:10]} == {
+    assert {p.name: p.needs for p in progs[4:14]} == {
         "accel.py": ("accelerate",), "hf_trainer.py": ("transformers", "accelerate"),
         "lightning_gpu.py": ("lightning",), "timm_amp.py": ("timm",),
-        "tmetrics.py": ("torchmetrics",), "tv_detect.py": ("torchvision",)}
+        "tmetrics.py": ("torchmetrics",), "tv_detect.py": ("torchvision",),
+        "compiled_break.py": ("transformers",), "compiled_cudagraphs.py": (),
+        "compiled_hf.py": ("transformers",), "compiled_lightning.py": ("lightning",)}
     # every file of tests/programs is one of them
-    assert sorted(f.name for f in (ROOT / "tests" / "programs").glob("*.py")) == names[4:10]
+    assert sorted(f.name for f in (ROOT / "tests" / "programs").glob("*.py")) == sorted(
+        names[4:14])
     rules = dict(fid.sync_rule_programs())
-    assert [(p.name, p.path, p.source, p.needs) for p in progs[10:]] == [
+    assert [(p.name, p.path, p.source, p.needs) for p in progs[14:]] == [
         (name, f"{name}.py", source, ()) for name, source in rules.items()]
     assert {"test_explicit_host_to_device", "test_scalar_reads", "test_host_waits",
             "test_grad_scaler_step_reads_found_inf"} <= set(rules)
@@ -139,9 +144,11 @@ def test_programs_are_the_samples_the_library_programs_and_the_sync_rule_scripts
 
 def test_the_subset_names_programs_that_exist(fid):
     names = [p.name for p in fid.programs()]
-    assert len(fid.SUBSET) == len(set(fid.SUBSET)) == 19
+    assert len(fid.SUBSET) == len(set(fid.SUBSET)) == 20
     assert [n for n in names if n in fid.SUBSET] == list(fid.SUBSET)  # in the same order
-    assert set(names[:10]) <= set(fid.SUBSET)  # every sample and library program
+    # every sample and library program, and one compiled one (each compiles for a while)
+    assert set(names[:11]) <= set(fid.SUBSET)
+    assert not set(names[11:14]) & set(fid.SUBSET)
 
 
 def test_a_profile_file_reaches_the_children_as_an_absolute_path(fid, tmp_path, monkeypatch):

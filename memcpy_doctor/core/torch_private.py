@@ -115,6 +115,11 @@ class CompileHooks:
                 found.append(module)
         return found
 
+    def cudagraph_skips(self) -> int:
+        """Inductor's count of graphs it ran without CUDA graphs (it counts some it does
+        not log: CPU graphs under mode="reduce-overhead")."""
+        return int(self._counters["inductor"].get("cudagraph_skips", 0))
+
     def full_gb_code(self, text: str) -> str | None:
         """The GB code of a graph-break message Dynamo cut short in its reason, from the whole
         message it counted."""

@@ -53,7 +53,11 @@ def compile_lines(info: CompileInfo, copies: list, steps: int | None, cwd: str |
                 key = (c.site.file, c.site.line)
                 synced[key] = synced.get(key, 0) + c.calls
         lines += ["", "Host reads captured in compiled graphs:"]
+        seen = set()
         for site, g in reads:
+            if (site, g.name) in seen:  # (one line, several reads: a tolist() of N values)
+                continue
+            seen.add((site, g.name))
             calls = synced.get((site.file, site.line), 0)
             what = (f"a sync copy, {calls} calls" if calls else
                     "no sync: the compiled code keeps the value on the device")

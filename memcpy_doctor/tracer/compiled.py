@@ -48,6 +48,20 @@ _HOST_READS = {"item", "tolist", "nonzero", "__bool__", "__int__", "__float__",
                "_local_scalar_dense", "masked_select", "unique", "bincount", "argwhere"}
 _STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _GB_CODE = re.compile(r"/gb/(gb\d+)\.html|\b(GB\d{4})\b")
+#: Dynamo's own entry after a break it cannot resume from inside a nested call
+_STEP_UNSUPPORTED = "step_unsupported"
+#: Reasons Dynamo records in its internal words, as its graph-break site names them
+_INTERNAL_REASONS = (("generic_jump", "Data-dependent branching", "GB0170"),)
+
+
+def _title(text: str) -> tuple[str, str | None]:
+    """A graph break's reason in one line, and its GB code where the text names one."""
+    stripped = text.strip()
+    title = stripped.splitlines()[0] if stripped else "graph break"
+    for prefix, name, code in _INTERNAL_REASONS:
+        if title.startswith(prefix):
+            return f"{name} ({title})", code
+    return title, gb_code(text)
 
 
 def compile_supported() -> bool:
@@ -156,6 +170,7 @@ class CompileWatch:
         self.frames: set[int] = set()
         self._records: dict[int, Any] = {}
         self._reasons_seen = 0
+        self._last_break: GraphBreak | None = None
         self._saved: Any = None
         self._compiling = 0
         self.skips: list[str] = []  # why Inductor did not use CUDA graphs, as it said
@@ -165,6 +180,7 @@ class CompileWatch:
     def __enter__(self) -> CompileWatch:
         hooks = self.hooks
         self._reasons_seen = len(hooks.graph_break_reasons)
+        self._skips_counted = hooks.cudagraph_skips()
         self._saved = hooks.output_graph.__dict__["call_user_compiler"]
         hooks.output_graph.call_user_compiler = self._compiler_wrapper(self._saved)
         hooks.on_start(self._compile_started)
@@ -306,8 +322,14 @@ class CompileWatch:
                 if record is None:
                     record = records[id(state)] = record_for(state)
                 device = _device_of(ins, dev_in) if any_dev else "cpu"
+                site = region.site
+                if site is None:  # a graph of torch's own code (a compiled nn.Sequential):
+                    site = entry[1] if entry[1] is not UNSET else (  # the caller's line
+                        state.sites.resolve_from(_getframe(0).f_back))
+                    if region.record.site is None:
+                        region.record.site = site
                 record(region.info, args, kwargs, ins, out, outs, dev_in, any_dev, device,
-                       region.site, host_ns)
+                       site, host_ns)
             return out
 
         def in_region(plain: Callable, entry: list, reads: list | None, mark: bool) -> Callable:
@@ -346,20 +368,27 @@ class CompileWatch:
 
     # ----- graph breaks -----
     def _collect_breaks(self, region: _Region | None = None) -> None:
+        """The graph breaks Dynamo took since the last look, one per user line; the first
+        new one is where `region` (the graph compiled now) ends."""
         reasons = self.hooks.graph_break_reasons
         for reason in reasons[self._reasons_seen:]:
-            site = break_site(getattr(reason, "user_stack", None))
-            if site is None:
-                continue
             text = str(getattr(reason, "reason", ""))
-            title = text.strip().splitlines()[0] if text.strip() else "graph break"
-            key = (site.file, site.line)
-            brk = self.breaks.get(key)
-            if brk is None:
-                brk = self.breaks[key] = GraphBreak(site=site, reason=title, detail=text,
-                                                    gb_code=gb_code(text) or
-                                                    self.hooks.full_gb_code(text))
-            if region is not None and region.breaks_at is None:
+            if text.strip() == _STEP_UNSUPPORTED:  # Dynamo's "compile up to the last
+                brk = self._last_break  # resumable point" after a break it cannot resume
+                # from: the same break, not another
+            else:
+                site = break_site(getattr(reason, "user_stack", None))
+                if site is None:
+                    continue
+                title, code = _title(text)
+                key = (site.file, site.line)
+                brk = self.breaks.get(key)
+                if brk is None:
+                    brk = self.breaks[key] = GraphBreak(
+                        site=site, reason=title, detail=text,
+                        gb_code=code or self.hooks.full_gb_code(text))
+                self._last_break = brk
+            if brk is not None and region is not None and region.breaks_at is None:
                 region.breaks_at = brk
         self._reasons_seen = len(reasons)
 
@@ -372,7 +401,8 @@ class CompileWatch:
             region.record.calls = region.calls
             graphs.append(region.record)
         skips, notes = list(self.skips), []
-        if self.sim is not None and skips:  # Inductor compiled for the host here: CUDA
+        counted = self.hooks.cudagraph_skips() > self._skips_counted
+        if self.sim is not None and (skips or counted):  # Inductor compiled for the host: CUDA
             skips = []  # graphs were never an option, whatever the program asked
             notes.append('mode="reduce-overhead": CUDA graphs are not simulated (the '
                          "simulated GPU's compiled code is CPU code)")

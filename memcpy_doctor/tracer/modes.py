@@ -18,7 +18,7 @@ import torch
 from torch.compiler import is_compiling
 
 from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
-                                  dynamo_skip_frame)
+                                  dynamo_skip_frame, set_eval_frame)
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim.marks import printed_bytes
 from .cuda import factory_handler
@@ -85,7 +85,10 @@ class FunctionMode(TorchFunctionMode):
         self.kinds: dict[Any, int] = {}
         self.calls = state.sites.calls
         state.sites.add_boundary(FunctionMode._plain.__code__)
-        self.__torch_function__ = types.MethodType(self._handler(), self)
+        handler = self._handler()
+        self.__torch_function__ = types.MethodType(handler, self)
+        dynamo_skip_frame(handler.__code__)  # run as it is when called, never compiled
+        dynamo_skip_frame(FunctionMode._plain.__code__)
 
     def _kind(self, func: Any) -> int:
         if func in self.handlers:
@@ -117,63 +120,73 @@ class FunctionMode(TorchFunctionMode):
                                kwargs: dict | None = None) -> Any:
             if kwargs is None:
                 kwargs = _NO_KWARGS
-            if state.suspended or is_compiling():
-                return func(*args, **kwargs)
+            if state.suspended or is_compiling():  # (Dynamo inlines this handler as it
+                return func(*args, **kwargs)  # traces: the call alone, as without a mode)
+            # no eval-frame callback runs the tracer's own code: inside a compiled
+            # function's graph-break code, Dynamo would compile this handler's frame
+            # and the handlers it calls
+            prior = set_eval_frame(None)
             try:
-                kind = kinds.get(func)
-            except TypeError:
-                kind = None
-            if kind is None:
-                kind = kind_of(func)
-            if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, never a copy
-                return func(*args, **kwargs) if kwargs else func(*args)
-            if kind == _HANDLED:
-                return handlers[func](func, args, kwargs)
-            if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
-                return factory(func, args, kwargs)
-            # the arguments of the call now running are read (on the simulated GPU) only if
-            # an op inside it has no tensor inputs
-            if kind == _BUILTIN:  # the commonest call: no trigger to name
-                prev_call, prev_site = state.call_args, state.call_site
-                caller = _getframe(1)  # SiteResolver.resolve_from, its first step inlined:
-                entry = codes.get(id(caller.f_code))  # the caller is most often user code
-                site = entry.get(caller.f_lasti) if entry else None
-                state.call_args = (args, kwargs)
-                prev_frame = state.call_frame
-                if site is not None:
-                    state.call_site = site
-                else:  # called from torch's own code (or from a line not seen yet): the
-                    # first op inside the call, if any, walks from the caller (most such calls
-                    # run none: `p.grad = None`, torch.no_grad()'s switch)
-                    state.call_site, state.call_frame = UNRESOLVED, caller
-                del caller
-                try:  # (without kwargs, the call builds no dict to unpack them into)
+                try:
+                    kind = kinds.get(func)
+                except TypeError:
+                    kind = None
+                if kind is None:
+                    kind = kind_of(func)
+                if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, never a copy
                     return func(*args, **kwargs) if kwargs else func(*args)
+                if kind == _HANDLED:
+                    return handlers[func](func, args, kwargs)
+                if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
+                    return factory(func, args, kwargs)
+                # the arguments of the call now running are read (on the simulated GPU) only if
+                # an op inside it has no tensor inputs
+                if kind == _BUILTIN:  # the commonest call: no trigger to name
+                    prev_call, prev_site = state.call_args, state.call_site
+                    caller = _getframe(1)  # SiteResolver.resolve_from, its first step inlined:
+                    entry = codes.get(id(caller.f_code))  # the caller is most often user code
+                    site = entry.get(caller.f_lasti) if entry else None
+                    state.call_args = (args, kwargs)
+                    prev_frame = state.call_frame
+                    if site is not None:
+                        state.call_site = site
+                    else:  # called from torch's own code (or from a line not seen yet): the
+                        # first op inside the call, if any, walks from the caller (most such calls
+                        # run none: `p.grad = None`, torch.no_grad()'s switch)
+                        state.call_site, state.call_frame = UNRESOLVED, caller
+                    del caller
+                    try:  # (without kwargs, the call builds no dict to unpack them into)
+                        return func(*args, **kwargs) if kwargs else func(*args)
+                    finally:
+                        state.call_args, state.call_site = prev_call, prev_site
+                        state.call_frame = prev_frame
+                if kind == _PLAIN:  # a Python function: its ops find their own sites (and
+                    if prior is not None:  # torch.compile's callback sees its frames, as
+                        set_eval_frame(prior)  # without the tracer)
+                    return plain(func, args, kwargs)
+                if sim and kind == _DATA_FACTORY:
+                    if default_device_type() == "cuda":
+                        # under torch.set_default_device("cuda") torch builds these on the device
+                        return factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
+                    state.sim.read_factory_data(func, args, kwargs)
+                trigger = TRIGGERS.get(func)
+                prev, prev_call = state.trigger, state.call_args
+                prev_backward, prev_site = state.backward_site, state.call_site
+                if trigger is not None:
+                    state.trigger = trigger
+                    if trigger == "backward":
+                        state.backward_site = resolve_from(_getframe(1))
+                    elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(): as _BUILTIN
+                        state.call_site = resolve_from(_getframe(1))
+                state.call_args = (args, kwargs)
+                try:
+                    return func(*args, **kwargs)
                 finally:
-                    state.call_args, state.call_site = prev_call, prev_site
-                    state.call_frame = prev_frame
-            if kind == _PLAIN:  # a Python function: its ops find their own sites
-                return plain(func, args, kwargs)
-            if sim and kind == _DATA_FACTORY:
-                if default_device_type() == "cuda":
-                    # under torch.set_default_device("cuda") torch builds these on the device
-                    return factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
-                state.sim.read_factory_data(func, args, kwargs)
-            trigger = TRIGGERS.get(func)
-            prev, prev_call = state.trigger, state.call_args
-            prev_backward, prev_site = state.backward_site, state.call_site
-            if trigger is not None:
-                state.trigger = trigger
-                if trigger == "backward":
-                    state.backward_site = resolve_from(_getframe(1))
-                elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(): as _BUILTIN
-                    state.call_site = resolve_from(_getframe(1))
-            state.call_args = (args, kwargs)
-            try:
-                return func(*args, **kwargs)
+                    state.trigger, state.call_args = prev, prev_call
+                    state.backward_site, state.call_site = prev_backward, prev_site
             finally:
-                state.trigger, state.call_args = prev, prev_call
-                state.backward_site, state.call_site = prev_backward, prev_site
+                if prior is not None:
+                    set_eval_frame(prior)
 
         return __torch_function__
 
