@@ -47,13 +47,15 @@ ITEM_LOOP = textwrap.dedent("""\
     """)
 
 
-def run_program(tmp_path, source: str, name: str = "prog.py") -> tuple[Trace, str, dict]:
-    """Run `source` as a script under a simulated-GPU tracer; its trace, path and globals."""
+def run_program(tmp_path, source: str, name: str = "prog.py",
+                device: str = "sim") -> tuple[Trace, str, dict]:
+    """Run `source` as a script under a tracer (the simulated GPU unless `device` says
+    otherwise); its trace, path and globals."""
     path = tmp_path / name
     path.write_text(textwrap.dedent(source))
     torch._dynamo.reset()
     scope = {"__name__": "__main__", "__file__": str(path)}
-    tracer = Tracer(device="sim")
+    tracer = Tracer(device=device)
     with tracer:
         exec(compile(path.read_text(), str(path), "exec"), scope)
     torch._dynamo.reset()
@@ -470,3 +472,21 @@ def test_a_graph_of_torch_s_own_code_has_the_caller_s_line(tmp_path):
     [region] = [o for o in trace.ops if o.op.startswith("Torch-Compiled Region")]
     assert (region.site.file, region.site.line, region.calls) == (path, 4, 2)
     assert trace.compile.graphs[0].site == region.site
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_break_syncs_at_its_line_and_the_captured_read_does_not(tmp_path):
+    trace, path, _ = run_program(tmp_path, ITEM_LOOP, device="cuda")
+    assert syncs(trace) == [("DtoH", "item", 5, 5)]
+    assert sorted(regions(trace).values()) == [5, 5]
+    [brk] = trace.compile.graph_breaks
+    assert (brk.site.line, brk.gb_code, brk.calls) == (5, "GB0124", 5)
+    fused = ITEM_LOOP.replace("import torch\n", "import torch\n"
+                              "torch._dynamo.config.capture_scalar_outputs = True\n")
+    try:
+        trace, _, _ = run_program(tmp_path, fused, name="fused.py", device="cuda")
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    # what Inductor does with the captured read on a GPU is what this records: kept on the
+    # device (no sync), as on the CPU, unless this fails
+    assert syncs(trace) == [] and trace.compile.graph_breaks == []
