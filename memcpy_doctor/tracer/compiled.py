@@ -137,6 +137,36 @@ def _device_of(ins: list, dev_in: list) -> str:
     return f"cuda:{t.get_device()}" if t.is_cuda else "cuda:0"  # (the simulated GPU's: 0)
 
 
+def _in_region(plain: Callable, entry: list, reads: list | None,
+               mark_storages: Callable | None, state_here: Callable) -> Callable:
+    """The dispatch mode's handler inside a region: on the simulated GPU (`mark_storages`),
+    the tensors an op reads are marked as device memory first (if they are not yet); with
+    several host reads (`reads`), each op that reads the device from the host moves the
+    region's site (`entry[1]`) on to the next read's line, in the graph's order."""
+    taken = [0]
+
+    def region_dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
+                        kwargs: dict | None = None) -> Any:
+        if state_here().suspended:
+            return plain(func, types, args, kwargs)
+        if mark_storages is not None:
+            with _DisableTorchFunction():
+                ins = tensor_args(args)
+                mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
+        try:
+            return plain(func, types, args, kwargs)
+        finally:
+            if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
+                taken[0] += 1
+                entry[1] = reads[min(taken[0], len(reads) - 1)]
+
+    return region_dispatch
+
+
+#: The code of every region's dispatch handler (one code object for all the closures)
+_REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
+
+
 class _Region:
     """One compiled graph: what its calls record."""
 
@@ -304,8 +334,9 @@ class CompileWatch:
             walk = len(region.reads) > 1  # touch buffers Inductor made on the host (on a
             if mark or walk:  # GPU, device memory); a region with several host reads
                 plain = mode.__torch_dispatch__  # has each at its own line
-                mode.__torch_dispatch__ = types.MethodType(
-                    in_region(plain, entry, region.reads if walk else None, mark), mode)
+                mode.__torch_dispatch__ = types.MethodType(_in_region(
+                    plain, entry, region.reads if walk else None,
+                    marks.mark_outputs if mark else None, state_here), mode)
             t0 = perf_counter_ns()
             try:
                 out = compiled(*args, **kwargs)
@@ -332,32 +363,8 @@ class CompileWatch:
                        site, host_ns)
             return out
 
-        def in_region(plain: Callable, entry: list, reads: list | None, mark: bool) -> Callable:
-            """The dispatch mode's handler inside a region: on the simulated GPU (`mark`),
-            the tensors an op reads are marked as device memory first (if they are not yet);
-            with several host reads (`reads`), each op that reads the device from the host
-            moves the region's site on to the next read's line, in the graph's order."""
-            mark_storages = marks.mark_outputs if mark else None
-            taken = [0]
-
-            def region_dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
-                                kwargs: dict | None = None) -> Any:
-                if state_here().suspended:
-                    return plain(func, types, args, kwargs)
-                if mark_storages is not None:
-                    with _DisableTorchFunction():
-                        ins = tensor_args(args)
-                        mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
-                try:
-                    return plain(func, types, args, kwargs)
-                finally:
-                    if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
-                        taken[0] += 1
-                        entry[1] = reads[min(taken[0], len(reads) - 1)]
-
-            return region_dispatch
-
-        self.hooks.skip_frame(run_compiled_region.__code__)
+        self.hooks.skip_frame(run_compiled_region.__code__)  # never compiled when called
+        self.hooks.skip_frame(_REGION_DISPATCH_CODE)
         self._boundary(run_compiled_region.__code__)
         return run_compiled_region
 
