@@ -15,7 +15,7 @@ from time import perf_counter_ns
 from typing import Any, Callable
 
 import torch
-from torch.compiler import is_compiling
+from torch.compiler import is_dynamo_compiling
 
 from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
                                   dynamo_skip_frame, set_eval_frame)
@@ -120,7 +120,7 @@ class FunctionMode(TorchFunctionMode):
                                kwargs: dict | None = None) -> Any:
             if kwargs is None:
                 kwargs = _NO_KWARGS
-            if state.suspended or is_compiling():  # (Dynamo inlines this handler as it
+            if state.suspended or is_dynamo_compiling():  # (Dynamo inlines this handler as it
                 return func(*args, **kwargs)  # traces: the call alone, as without a mode)
             # no eval-frame callback runs the tracer's own code: inside a compiled
             # function's graph-break code, Dynamo would compile this handler's frame
