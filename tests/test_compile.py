@@ -418,7 +418,7 @@ def test_a_torch_that_cannot_keep_code_compiled_runs_it_eagerly_and_says_so(tmp_
                                                                            monkeypatch):
     import memcpy_doctor.tracer as tracer_pkg
     from memcpy_doctor.tracer.modes import DispatchMode
-    monkeypatch.setattr(tracer_pkg, "compile_supported", lambda: False)  # as torch 2.6
+    monkeypatch.setattr(tracer_pkg, "compile_hooks", lambda: None)  # as torch 2.6
     monkeypatch.setattr(DispatchMode, "ignore_compile_internals", classmethod(lambda c: False))
     trace, _, _ = run_program(tmp_path, """\
         import torch

@@ -9,7 +9,6 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import sys
 import sysconfig
 import tempfile
 from typing import Any
@@ -105,20 +104,3 @@ def is_user_file(name: str) -> bool:
         return False
     return not any(folder in path.split(os.sep) for folder in _PACKAGE_FOLDERS)
 
-
-def is_generated_file(name: str) -> bool:
-    """Code torch.compile generated: an FX graph's or Inductor's output code."""
-    if name.startswith("<"):
-        return name.startswith(_GENERATED_PSEUDO_FILE)
-    return os.path.abspath(name).startswith(_GENERATED_DIR)
-
-
-def called_from_generated_code(depth: int = 2, limit: int = 8) -> bool:
-    """Whether one of the `limit` frames from `depth` up (the caller's caller first) runs code
-    torch.compile generated: an op that a compiled artifact dispatches itself."""
-    frame = sys._getframe(depth)
-    while frame is not None and limit:
-        if is_generated_file(frame.f_code.co_filename):
-            return True
-        frame, limit = frame.f_back, limit - 1
-    return False

@@ -120,16 +120,14 @@ class CompileHooks:
         not log: CPU graphs under mode="reduce-overhead")."""
         return int(self._counters["inductor"].get("cudagraph_skips", 0))
 
-    def full_gb_code(self, text: str) -> str | None:
-        """The GB code of a graph-break message Dynamo cut short in its reason, from the whole
-        message it counted."""
+    def full_message(self, text: str) -> str:
+        """The whole graph-break message Dynamo counted of one it cut short in its reason
+        (`text` itself when it counted none that starts so)."""
         head = text.strip()[:200]
         for message in self._counters.get("graph_break", {}):
             if head and message.startswith(head):
-                found = re.search(r"/gb/(gb\d+)\.html", message)
-                if found:
-                    return found.group(1).upper()
-        return None
+                return message
+        return text
 
 
 def compile_hooks() -> CompileHooks | None:

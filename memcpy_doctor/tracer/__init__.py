@@ -29,11 +29,12 @@ from ..core.summary import summarize
 from ..core.defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
 from ..core.guardstate import inside_guard
 from ..core.compiled import CompileInfo
+from ..core.torch_private import compile_hooks
 from ..core.trace import Meta, Trace
 from .sim import marks as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
-from .compiled import CompileWatch, compile_supported
+from .compiled import CompileWatch
 from .cuda import device_peaks, run_peak, wait_patches
 from .cuda_hooks import SyncHooks
 from .cuda_timer import CudaTimer
@@ -186,14 +187,15 @@ class Tracer:
     def _watch_compiles(self, stack: ExitStack, sim_patch: _Patch | None) -> CompileWatch | None:
         """Keep torch.compile's code compiled while tracing (tracer/compiled.py); None on a
         torch that cannot (compiled functions then run eagerly, op by op)."""
-        if not compile_supported():  # compiled functions run eagerly: count the compiles
+        hooks = compile_hooks()
+        if hooks is None:  # compiled functions run eagerly: count the compiles
             stack.enter_context(_Patch([(torch, "compile", _counted(torch.compile,
                                                                    self._compiles_asked))]))
             return None
         lift = restore = None
         if sim_patch is not None:  # the compile sees the host it runs on
             lift, restore = (lambda: sim_patch.__exit__(None, None, None)), sim_patch.__enter__
-        return stack.enter_context(CompileWatch(self._state_here, recorder, self._sim,
+        return stack.enter_context(CompileWatch(hooks, self._state_here, recorder, self._sim,
                                                 lift, restore))
 
     def _handlers(self, state: TraceState) -> dict[Any, Callable]:

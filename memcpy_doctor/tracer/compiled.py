@@ -4,8 +4,8 @@ With a torch whose dispatch modes can say `ignore_compile_internals` (modes.Disp
 does), Dynamo compiles with the tracer's modes off and runs the compiled artifact under them,
 so the tracer sees only what the artifact still dispatches: the code of a graph break, the ops
 Inductor calls out to (matmuls, fallbacks) and host reads inside a graph (`u0 = buf0.item()`).
-The function mode passes every call through while Dynamo traces (`is_compiling()` is True only
-then), so the graphs are those of a run without the tracer.
+The function mode passes every call through while Dynamo traces (`is_dynamo_compiling()` is
+True only then), so the graphs are those of a run without the tracer.
 
 `CompileWatch`, entered for the tracer's lifetime where torch allows it:
 
@@ -34,7 +34,7 @@ import torch
 
 from ..core.compiled import CompileInfo, GraphBreak, GraphRecord
 from ..core.paths import is_internal_file, is_package_file
-from ..core.torch_private import compile_hooks
+from ..core.torch_private import CompileHooks, compile_hooks
 from ..core.trace import Site
 from .optable import OP_INFO, OpInfo, op_info
 from .sites import UNSET
@@ -137,7 +137,7 @@ def _device_of(ins: list, dev_in: list) -> str:
     return f"cuda:{t.get_device()}" if t.is_cuda else "cuda:0"  # (the simulated GPU's: 0)
 
 
-def _in_region(plain: Callable, entry: list, reads: list | None,
+def _in_region(plain: Callable, entry: list | None, reads: list | None,
                mark_storages: Callable | None, state_here: Callable) -> Callable:
     """The dispatch mode's handler inside a region: on the simulated GPU (`mark_storages`),
     the tensors an op reads are marked as device memory first (if they are not yet); with
@@ -163,6 +163,17 @@ def _in_region(plain: Callable, entry: list, reads: list | None,
     return region_dispatch
 
 
+def _swap_dispatch(state: Any, entry: list | None, reads: list | None,
+                   mark_storages: Callable | None, state_here: Callable) -> Callable:
+    """Put `_in_region`'s handler in place of the thread's dispatch handler; returns what
+    puts the thread's own back."""
+    mode = state.dispatch_mode
+    plain = mode.__torch_dispatch__
+    mode.__torch_dispatch__ = types.MethodType(
+        _in_region(plain, entry, reads, mark_storages, state_here), mode)
+    return lambda: setattr(mode, "__torch_dispatch__", plain)
+
+
 #: The code of every region's dispatch handler (one code object for all the closures)
 _REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
 
@@ -170,10 +181,12 @@ _REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
 class _Region:
     """One compiled graph: what its calls record."""
 
-    __slots__ = ("record", "info", "site", "reads", "calls", "breaks_at")
+    __slots__ = ("record", "info", "site", "calls", "breaks_at")
 
-    def __init__(self, record: GraphRecord, site: Site | None, reads: list[Site]) -> None:
-        self.record, self.site, self.reads = record, site, reads
+    def __init__(self, record: GraphRecord) -> None:
+        self.record = record  # (its host reads: record.host_reads)
+        #: where what it dispatches is: its first host read, else its first user line
+        self.site = record.host_reads[0] if record.host_reads else record.site
         self.info = OpInfo(name=record.name, short="compiled_region", kernel=True, sync=None,
                            index=False, reads=False, mixed_ok=True, flops=None,
                            pass_through=False, lone_tensor=False, call=None)
@@ -184,20 +197,20 @@ class _Region:
 class CompileWatch:
     """Regions, graph breaks, graphs and recompiles of the compiles made while tracing.
 
+    `hooks`: torch.compile's private parts (core/torch_private.compile_hooks());
     `state_here()`: the calling thread's TraceState; `recorder(state)`: its per-op record
     step (tracer/perop.py); `lift()`/`restore()`: take the simulated GPU's patches of
     torch.cuda away while a compile runs, and put them back (None on a real GPU)."""
 
-    def __init__(self, state_here: Callable[[], Any], recorder: Callable[[Any], Any],
-                 sim: Any, lift: Callable[[], None] | None,
+    def __init__(self, hooks: CompileHooks, state_here: Callable[[], Any],
+                 recorder: Callable[[Any], Any], sim: Any, lift: Callable[[], None] | None,
                  restore: Callable[[], None] | None) -> None:
-        self.hooks = compile_hooks()
+        self.hooks = hooks
         self.state_here, self.recorder, self.sim = state_here, recorder, sim
         self.lift, self.restore = lift, restore
         self.regions: list[_Region] = []
         self.breaks: dict[tuple, GraphBreak] = {}
         self.recompiles = 0
-        self.frames: set[int] = set()
         self._records: dict[int, Any] = {}
         self._reasons_seen = 0
         self._last_break: GraphBreak | None = None
@@ -252,19 +265,27 @@ class CompileWatch:
             self._skip_loggers.append((module, original))
 
     def _marking(self, call: Callable) -> Callable:
-        """AOT autograd's call of a compiled forward or backward, whose new outputs, on the
-        simulated GPU, live where its inputs do (the autograd engine hands a compiled
+        """AOT autograd's call of a compiled backward (and of a forward that records one), on
+        the simulated GPU: what it dispatches touches buffers Inductor made on the host, and
+        its new outputs live where its inputs do (the autograd engine hands a compiled
         backward's gradients on without an op the tracer sees)."""
-        marks = self.sim.cuda_marks
+        marks, state_here = self.sim.cuda_marks, self.state_here
 
         def call_func_at_runtime_with_args(f: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+            state = state_here()
+            if state is None or state.suspended or not marks.refs:
+                return call(f, args, *rest, **kwargs)
             with _DisableTorchFunction():
-                on_device = marks.refs and True in marks.inputs(
-                    [a for a in args if isinstance(a, Tensor)])
-            out = call(f, args, *rest, **kwargs)
-            if on_device:
-                with _DisableTorchFunction():
-                    marks.mark_outputs(tensors_out(out))
+                on_device = True in marks.inputs([a for a in args if isinstance(a, Tensor)])
+            if not on_device:
+                return call(f, args, *rest, **kwargs)
+            put_back = _swap_dispatch(state, None, None, marks.mark_outputs, state_here)
+            try:
+                out = call(f, args, *rest, **kwargs)
+            finally:
+                put_back()
+            with _DisableTorchFunction():
+                marks.mark_outputs(tensors_out(out))
             return out
 
         return call_func_at_runtime_with_args
@@ -303,11 +324,10 @@ class CompileWatch:
                              nodes=sum(1 for n in gm.graph.nodes
                                        if n.op not in ("placeholder", "output")),
                              host_reads=list(reads))
-        region = _Region(record, reads[0] if reads else first, reads)
+        region = _Region(record)
         self.regions.append(region)
         self._collect_breaks(region)
-        run = self._runner(region, compiled)
-        return run
+        return self._runner(region, compiled)
 
     def _runner(self, region: _Region, compiled: Callable) -> Callable:
         state_here, records, sim = self.state_here, self._records, self.sim
@@ -329,21 +349,20 @@ class CompileWatch:
             calls = state.sites.calls
             entry = [_getframe(0), UNSET if region.site is None else region.site]
             calls.append(entry)
-            mode = state.dispatch_mode
+            reads = region.record.host_reads
             mark = any_dev and marks is not None  # what the region still dispatches may
-            walk = len(region.reads) > 1  # touch buffers Inductor made on the host (on a
-            if mark or walk:  # GPU, device memory); a region with several host reads
-                plain = mode.__torch_dispatch__  # has each at its own line
-                mode.__torch_dispatch__ = types.MethodType(_in_region(
-                    plain, entry, region.reads if walk else None,
-                    marks.mark_outputs if mark else None, state_here), mode)
+            walk = len(reads) > 1  # touch buffers Inductor made on the host (on a GPU,
+            # device memory); a region with several host reads has each at its own line
+            put_back = _swap_dispatch(state, entry, reads if walk else None,
+                                      marks.mark_outputs if mark else None,
+                                      state_here) if mark or walk else None
             t0 = perf_counter_ns()
             try:
                 out = compiled(*args, **kwargs)
             finally:
                 calls.pop()
-                if mark or walk:
-                    mode.__torch_dispatch__ = plain
+                if put_back is not None:
+                    put_back()
             host_ns = perf_counter_ns() - t0
             with _DisableTorchFunction():
                 outs = tensors_out(out)
@@ -393,7 +412,7 @@ class CompileWatch:
                 if brk is None:
                     brk = self.breaks[key] = GraphBreak(
                         site=site, reason=title, detail=text,
-                        gb_code=code or self.hooks.full_gb_code(text))
+                        gb_code=code or gb_code(self.hooks.full_message(text)))
                 self._last_break = brk
             if brk is not None and region is not None and region.breaks_at is None:
                 region.breaks_at = brk

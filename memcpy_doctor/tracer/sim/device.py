@@ -14,7 +14,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ...core.paths import called_from_generated_code
 from ...core.torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
 from ..optable import DATA_FACTORIES
 from .marks import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
@@ -124,9 +123,6 @@ class SimDevice:
         takes them so; True if it is `copy_` between them (a copy, run as one)."""
         if info.mixed_ok:
             return info.short == "copy_"
-        if called_from_generated_code():  # a compiled artifact's own buffers (Inductor's
-            self.cuda_marks.mark_outputs(ins)  # backward makes them on the host): on a GPU
-            return False  # they are device memory
         self.check_mixed(ins, dev_in)
         return False
 
