@@ -220,6 +220,73 @@ def test_transformer_encoder_fast_path_reads_the_mask(tmp_path, device):
     """, device)
 
 
+def test_factories_with_device_tensor_arguments(tmp_path, device):
+    """linspace/logspace read 0-dim tensor ends with item() and build where `device=` says;
+    the data factories copy a device tensor to the host only when `device=` names it."""
+    check(tmp_path, """
+        import warnings
+        import torch
+        warnings.simplefilter("ignore")  # (torch.tensor(t) suggests t.clone())
+        t = torch.arange(4.0, device="cuda")
+        a = torch.linspace(t[0], t[3], 5)  # expect: DtoH sync linspace; DtoH sync linspace
+        b = torch.linspace(t[0], 3.0, 5, device="cuda")  # expect: DtoH sync linspace
+        c = torch.logspace(0.0, t[2], 4, device="cuda")  # expect: DtoH sync logspace
+        d = torch.linspace(0.0, 3.0, 5, device="cuda")
+        assert not a.is_cuda and b.is_cuda and c.is_cuda and d.is_cuda
+        assert a.tolist() == [0.0, 0.75, 1.5, 2.25, 3.0]
+        k = torch.signal.windows.kaiser(5, device="cuda")  # expect: HtoD sync factory; DtoH sync linspace; DtoH sync linspace
+        e = torch.as_tensor(t)
+        f = torch.tensor(t)
+        g = t.new_tensor(t)
+        h = torch.as_tensor(t, device="cpu")  # expect: DtoH sync factory
+        i = torch.tensor(t, device="cpu")  # expect: DtoH sync factory
+        j = torch.asarray(t, device="cpu")  # expect: DtoH sync factory
+        assert e.is_cuda and f.is_cuda and g.is_cuda and k.is_cuda
+        assert not (h.is_cuda or i.is_cuda or j.is_cuda)
+    """, device)
+
+
+def test_random_and_reductions_read_on_the_host(tmp_path, device):
+    check(tmp_path, """
+        import torch
+        torch.manual_seed(0)
+        m = torch.zeros(3, device="cuda")
+        s = torch.ones(3, device="cuda")
+        a = torch.normal(m, s)  # expect: DtoH sync normal; DtoH sync normal
+        b = torch.normal(0.0, s)  # expect: DtoH sync normal; DtoH sync normal
+        c = torch.normal(m, 1.0)
+        o = torch.empty(3, device="cuda")
+        torch.normal(m, s, out=o)  # expect: DtoH sync normal
+        x = torch.tensor([1.0, float("nan"), 3.0, 2.0], device="cuda")  # expect: HtoD sync factory
+        d = x.nanmedian()  # expect: DtoH sync nanmedian
+        e = x.median()
+        f = x.nanmedian(0)
+        g = x[:0].median()  # expect: HtoD sync median
+        assert g.is_cuda and d.is_cuda
+        data = torch.arange(6.0, device="cuda")
+        lengths = torch.tensor([2, 4], device="cuda")  # expect: HtoD sync factory
+        h = torch.segment_reduce(data, "sum", lengths=lengths)  # expect: DtoH sync segment_reduce; DtoH sync segment_reduce
+        i = torch.segment_reduce(data, "sum", lengths=lengths, unsafe=True)
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        j = torch.segment_reduce(data, "sum", offsets=offsets)
+    """, device)
+
+
+def test_linalg_drivers_check_on_the_host(tmp_path, device):
+    check(tmp_path, """
+        import warnings
+        import torch
+        warnings.simplefilter("ignore")  # (torch.cholesky is deprecated)
+        torch.manual_seed(0)
+        A = torch.randn(5, 3, device="cuda")
+        B = torch.randn(5, 2, device="cuda")
+        sol = torch.linalg.lstsq(A, B)  # expect: DtoH sync linalg_check
+        m = torch.eye(3, device="cuda") * 2
+        L = torch.cholesky(m)  # expect: DtoH sync linalg_check
+        Q, R = torch.linalg.qr(A)
+    """, device)
+
+
 @pytest.fixture
 def forget_count_big():
     yield
@@ -263,6 +330,19 @@ def test_register_sync_op_rejects_a_bad_declaration():
         register_sync_op("mylib::op", direction="DtoD")
 
 
+def _ops_in_table(text: str, heading: str) -> set[str]:
+    """The ops the first cells of the table under `heading` name ("`aten::op`, `other`")."""
+    import re
+
+    table = text.split(heading)[1].split("\n## ")[0]
+    named = set()
+    for row in (line for line in table.splitlines() if line.startswith("| `")):
+        first = row.split(" | ")[0]
+        named.update(re.findall(r"`((?:aten|torchvision)::\w+)`", first))
+        named.update(f"aten::{m}" for m in re.findall(r", `(\w+)`", first.split("(")[0]))
+    return named
+
+
 def test_every_rule_has_a_row():
     """docs/cuda-sync-points.md and SYNC_RULES hold the same ops, and every test a row names
     exists."""
@@ -275,15 +355,7 @@ def test_every_rule_has_a_row():
 
     doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "cuda-sync-points.md")
     text = doc.read_text(encoding="utf-8")
-    table = text.split("## Ops that copy inside their CUDA code")[1].split("\n## ")[0]
-    rows = [line for line in table.splitlines() if line.startswith("| `")]
-    named = set()
-    for row in rows:
-        first = row.split(" | ")[0]
-        ops = re.findall(r"`((?:aten|torchvision)::\w+)`", first)
-        ops += [f"aten::{m}" for m in re.findall(r", `(\w+)`", first.split("(")[0])]
-        named.update(ops)
-    assert named == set(SYNC_RULES)
+    assert _ops_in_table(text, "## Ops that copy inside their CUDA code") == set(SYNC_RULES)
     modules = {"test_sync_points.py": test_sync_points, "test_triggers.py": test_triggers}
     for file, test in re.findall(r"`(test_\w+\.py)::(test_\w+)`", text):
         assert hasattr(modules[file], test), f"{file}::{test} is named in the doc, not found"

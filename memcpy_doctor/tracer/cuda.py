@@ -188,7 +188,8 @@ def factory_handler(state: TraceState) -> Callable[..., Any]:
     under ExcludeDispatchKeyGuard(Python) (tensor_new.cpp, internal_new_from_data), out of the
     dispatch mode's sight, where the sync hook alone would see a stream wait. Recorded here as
     the simulated GPU records them: a DtoH sync `factory` read of each device tensor inside
-    list data, then an HtoD sync `factory` copy of the result (its time is the whole call's)."""
+    list data (or of a device tensor given with `device="cpu"`), then an HtoD sync `factory`
+    copy of the result (its time is the whole call's)."""
 
     def factory(func: Any, args: tuple, kwargs: dict) -> Any:
         first = 1 if func is Tensor.new_tensor else 0
@@ -196,10 +197,13 @@ def factory_handler(state: TraceState) -> Callable[..., Any]:
         device = kwargs.get("device")
         if device is None:
             device = args[0].device if first else default_device_type()
-        to_cuda = torch.device(device).type == "cuda" and not (
-            isinstance(data, Tensor) and data.is_cuda)
-        reads = ([t for t in tensors_in_data(data) if t.is_cuda]
-                 if isinstance(data, (list, tuple)) else [])
+        on_device = isinstance(data, Tensor) and data.is_cuda
+        to_cuda = torch.device(device).type == "cuda" and not on_device
+        if isinstance(data, (list, tuple)):
+            reads = [t for t in tensors_in_data(data) if t.is_cuda]
+        else:  # a device tensor sent to the host named by `device=`: `var.to(device)`
+            reads = [data] if on_device and kwargs.get("device") is not None and (
+                torch.device(device).type == "cpu") else []
         if not to_cuda and not reads:
             return func(*args, **kwargs)
         site = state.here()

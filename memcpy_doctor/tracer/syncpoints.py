@@ -156,6 +156,48 @@ def _left_aligned(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     return [("DtoH", args[1], 1)]
 
 
+def _tensor_ends(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    # linspace/logspace with 0-dim tensor ends: `start.item()`, `end.item()` (the Scalar
+    # overloads take numbers, read nothing)
+    ends = args[:2] if len(args) >= 2 else (kwargs.get("start"), kwargs.get("end"))
+    return [("DtoH", t, t.element_size()) for t in ends if isinstance(t, Tensor)]
+
+
+def _normal(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    # `std.min().ge(0).item<bool>()` (CHECK_NORMAL_TENSOR_STD): in normal_impl and again in
+    # the normal_out_impl it calls; the out= overload is normal_out_impl alone
+    std = args[1] if len(args) > 1 else kwargs.get("std")
+    if not isinstance(std, Tensor) or std.numel() == 0:
+        return []
+    return [("DtoH", std, 1)] * (1 if "out" in kwargs else 2)
+
+
+def _segment_reduce(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    # without `unsafe`, lengths are checked on the host: their minimum, then whether every
+    # row sums to the data's size (offsets are not checked)
+    lengths = kwargs.get("lengths")
+    if not isinstance(lengths, Tensor) or kwargs.get("unsafe", False):
+        return []
+    return [("DtoH", lengths, lengths.element_size()), ("DtoH", lengths, 1)]
+
+
+def _median(ignore_nan: bool) -> Callable[[tuple, dict, Any], list[Read]]:
+    """median() / nanmedian() over all elements (the overloads with `dim` read nothing)."""
+    def reads(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+        if len(args) > 1 or "dim" in kwargs:
+            return []
+        self = args[0]
+        if self.numel() == 0:  # `at::full({}, NaN).to(self.options())`: sent to the device
+            return [("HtoD", out, out.element_size())]
+        # nanmedian: the NaNs counted on the host to find the middle element
+        return [("DtoH", self, 8)] if ignore_nan else []
+    return reads
+
+
+def _cholesky(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    return _check_errors(args, kwargs, out) if args[0].numel() else []
+
+
 def _nms(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     # torchvision >= 0.21 reduces the suppression mask on the device and returns the boxes
     # kept with masked_select: one count read back (older releases read the whole mask)
@@ -193,6 +235,14 @@ SYNC_RULES: dict[str, SyncRule] = {
     "aten::_ctc_loss": SyncRule("ctc_loss", _ctc_lengths),
     "aten::_nested_tensor_from_mask": SyncRule("nested_mask", _from_mask),
     "aten::_nested_tensor_from_mask_left_aligned": SyncRule("nested_mask", _left_aligned),
+    "aten::linspace": SyncRule("linspace", _tensor_ends),
+    "aten::logspace": SyncRule("logspace", _tensor_ends),
+    "aten::normal": SyncRule("normal", _normal),
+    "aten::segment_reduce": SyncRule("segment_reduce", _segment_reduce),
+    "aten::median": SyncRule("median", _median(False)),
+    "aten::nanmedian": SyncRule("nanmedian", _median(True)),
+    "aten::linalg_lstsq": SyncRule("linalg_check", _check_errors),
+    "aten::cholesky": SyncRule("linalg_check", _cholesky),
     "torchvision::nms": SyncRule("nms", _nms),
 }
 

@@ -17,8 +17,8 @@ import torch
 from ...core.torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
 from ..optable import DATA_FACTORIES
 from .marks import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
-from .torchlib import (ctc_loss_handler, host_outputs_handler, one_hot_handler,
-                       tensors_in_data)
+from .torchlib import (ctc_loss_handler, host_factory_handler, host_outputs_handler,
+                       one_hot_handler, tensors_in_data)
 from ..state import TraceState, tensors_in, tensors_out
 
 Tensor = torch.Tensor
@@ -26,6 +26,15 @@ Tensor = torch.Tensor
 
 def _call(func: Any, args: tuple, kwargs: dict) -> Any:
     return func(*args, **kwargs)
+
+
+def _with_data(func: Any, args: tuple, kwargs: dict, data: Tensor) -> tuple[tuple, dict]:
+    """A data factory's arguments with its data replaced (positional or keyword)."""
+    first = 1 if func is Tensor.new_tensor else 0
+    if len(args) > first:
+        return args[:first] + (data,) + args[first + 1:], kwargs
+    key = "obj" if "obj" in kwargs else "data"
+    return args, {**kwargs, key: data}
 
 
 class _SimTransfer(torch.autograd.Function):
@@ -100,6 +109,8 @@ class SimDevice:
             torch._C._nn._parse_to: _call,
             torch.nn.functional.one_hot: one_hot_handler(self),
             torch.nn.functional.ctc_loss: ctc_loss_handler(self),
+            torch.linspace: host_factory_handler(self),
+            torch.logspace: host_factory_handler(self),
             torch._pack_padded_sequence: host_outputs_handler(self, (1,)),
             torch._pad_packed_sequence: host_outputs_handler(self, (1,)),
         }
@@ -355,6 +366,11 @@ class SimDevice:
             new_kwargs["pin_memory"] = False
         cuda = None if device is None else device.type == "cuda"
         data = self.read_factory_data(func, args, kwargs)
+        if cuda is False and func in DATA_FACTORIES and isinstance(data, Tensor) and (
+                self.on_device(data)):  # `var.to(device)` of a device tensor to the host
+            self.read_back(data, "factory", data.nbytes)
+            args, new_kwargs = _with_data(func, args, new_kwargs,
+                                          self.raw_copy(data, None, None))
         copies = (cuda and func in DATA_FACTORIES
                   and not (isinstance(data, Tensor) and self.on_device(data)))
         st = self.st
@@ -382,7 +398,7 @@ class SimDevice:
         """The data argument of a factory (`torch.tensor(data)`, ...), with the reads of the
         device tensors inside a list of them recorded: torch reads each one's value."""
         first = 1 if func is Tensor.new_tensor else 0
-        data = args[first] if len(args) > first else kwargs.get("data")
+        data = args[first] if len(args) > first else kwargs.get("data", kwargs.get("obj"))
         if isinstance(data, (list, tuple)):
             for t in tensors_in_data(data):
                 if self.on_device(t):

@@ -217,6 +217,25 @@ def host_outputs_handler(sim: Any, indices: tuple[int, ...]) -> Callable[..., An
     return call
 
 
+def host_factory_handler(sim: Any) -> Callable[..., Any]:
+    """torch.linspace / logspace: the result is made where `device` says (the host when it is
+    not given), never where the 0-dim tensor ends are: PyTorch reads those with item() and
+    calls the number overload (TensorFactories.cpp), the reads recorded by their rules
+    (tracer/syncpoints.py)."""
+
+    def call(func: Any, args: tuple, kwargs: dict) -> Any:
+        if "device" in kwargs or kwargs.get("pin_memory"):
+            return sim.factory(func, args, kwargs)
+        st = sim.st
+        prev, st.forced = st.forced, False
+        try:
+            return func(*args, **kwargs)
+        finally:
+            st.forced = prev
+
+    return call
+
+
 def ctc_loss_handler(sim: Any) -> Callable[..., Any]:
     """F.ctc_loss with device log-probs: length tensors on the device are read to the host
     (`ctc_loss`, one copy each), as PyTorch's CUDA path does before it runs on lists of
