@@ -287,6 +287,40 @@ def test_linalg_drivers_check_on_the_host(tmp_path, device):
     """, device)
 
 
+def test_backward_formulas_read_on_the_host(tmp_path, device):
+    """The reads of backward formulas that PyTorch skips under a dispatch mode are recorded as
+    the program makes them without one, at the backward() line (tracer/backward.py)."""
+    check(tmp_path, """
+        import torch
+        x = torch.tensor([1.0, 0.0, 3.0], device="cuda", requires_grad=True)  # expect: HtoD sync factory
+        x.prod().backward()  # expect: DtoH sync prod_backward
+        z = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device="cuda", requires_grad=True)  # expect: HtoD sync factory
+        p = z.prod(1).sum()
+        p.backward()  # expect: DtoH sync prod_backward
+        c = z.cumprod(1)
+        c.sum().backward()  # expect: DtoH sync cumprod_backward
+        z.detach().prod().sum()
+        with torch.no_grad():
+            n = z.prod()
+        m = torch.tensor([True, False, True], device="cuda")  # expect: HtoD sync factory
+        v = torch.tensor(2.0, device="cuda", requires_grad=True)  # expect: HtoD sync factory
+        y = x.detach().masked_fill(m, v)  # expect: DtoH sync masked_fill
+        y.sum().backward()  # expect: DtoH sync masked_fill_backward
+        w = x.masked_fill(m, 2.0)
+        w.sum().backward()
+        s = torch.zeros(3, device="cuda", requires_grad=True)
+        src = torch.ones(3, device="cuda", requires_grad=True)
+        s.masked_scatter(m, src).sum().backward()  # expect: DtoH sync masked_scatter_backward
+        t = torch.rand(3, 3, device="cuda", requires_grad=True)
+        t.trace().backward()  # expect: DtoH sync index_fill
+        x.max().backward()
+        r = z.prod()
+        r.backward(retain_graph=True)  # expect: DtoH sync prod_backward
+        r.backward()  # expect: DtoH sync prod_backward
+        assert x.grad.tolist() == [0.0, 4.0, 1.0]  # expect: DtoH sync tolist
+    """, device)
+
+
 @pytest.fixture
 def forget_count_big():
     yield
@@ -344,18 +378,20 @@ def _ops_in_table(text: str, heading: str) -> set[str]:
 
 
 def test_every_rule_has_a_row():
-    """docs/cuda-sync-points.md and SYNC_RULES hold the same ops, and every test a row names
-    exists."""
+    """docs/cuda-sync-points.md and SYNC_RULES hold the same ops, its backward table and
+    BACKWARD_RULES too, and every test a row names exists."""
     import pathlib
     import re
 
     import test_sync_points
     import test_triggers
-    from memcpy_doctor.tracer.syncpoints import SYNC_RULES
+    from memcpy_doctor.tracer.syncpoints import BACKWARD_RULES, SYNC_RULES
 
     doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "cuda-sync-points.md")
     text = doc.read_text(encoding="utf-8")
     assert _ops_in_table(text, "## Ops that copy inside their CUDA code") == set(SYNC_RULES)
+    assert _ops_in_table(text, "## Backward formulas that read on the host") == set(
+        BACKWARD_RULES)
     modules = {"test_sync_points.py": test_sync_points, "test_triggers.py": test_triggers}
     for file, test in re.findall(r"`(test_\w+\.py)::(test_\w+)`", text):
         assert hasattr(modules[file], test), f"{file}::{test} is named in the doc, not found"

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.torch_private import default_device_type
+from .backward import engine_patch
 from .cuda_hooks import COPY_OPS, records_waits
 from .optable import OP_INFO, OpInfo, op_info
 from .sim.torchlib import tensors_in_data
@@ -28,7 +29,8 @@ Tensor = torch.Tensor
 
 def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
     """Wrap the real host waits so each is recorded (with its measured time) at its site, in
-    the state of the thread that waits (`state_of()`)."""
+    the state of the thread that waits (`state_of()`); and the backward engine's entry, where
+    the reads of backward formulas are armed (tracer/backward.py)."""
 
     def timed(kind: str, original: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -50,6 +52,7 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
                                                  torch.cuda.Stream.synchronize)),
         (torch.cuda.Event, "synchronize", timed("event_synchronize",
                                                 torch.cuda.Event.synchronize)),
+        engine_patch(state_of),
     ]
 
 

@@ -15,7 +15,8 @@ import torch
 from torch._ops import OpOverload
 
 from ..core.torch_private import flop_registry
-from .syncpoints import HOST_ARGUMENTS, SYNC_RULES, SyncRule, declared_rule
+from .syncpoints import (BACKWARD_RULES, HOST_ARGUMENTS, SYNC_RULES, BackwardRule,
+                         SyncRule, declared_rule)
 
 #: Python-level calls that cause copies, by the trigger name a copy they cause is given.
 TRIGGERS: dict[Any, str] = {
@@ -86,8 +87,9 @@ class OpInfo:
     kernel: bool  # launches device work (views and allocations do not)
     sync: SyncRule | None  # what it copies inside its device code (tracer/syncpoints.py)
     index: bool  # indexing: may read a mask or a host index tensor
-    #: may copy between device and host inside its own code (sync, index): takes the
-    #: rarer step after the op (TraceState.after_op) when an input is on the device
+    #: may copy between device and host inside its own code or its backward's (sync, index,
+    #: backward): takes the rarer step after the op (TraceState.after_op) when an input is on
+    #: the device
     reads: bool
     mixed_ok: bool
     flops: Callable[[tuple, dict, list], int] | None  # (args, kwargs, outputs) -> FLOPs
@@ -99,6 +101,8 @@ class OpInfo:
     #: what calling the overload calls: OpOverload.__call__ only forwards to the C++ `_op`,
     #: and calling that directly saves a Python frame an op
     call: Callable[..., Any]
+    #: what its backward formula reads on the host (tracer/syncpoints.py, BACKWARD_RULES)
+    backward: BackwardRule | None = None
 
 
 def _mm_flops(args: tuple, kwargs: dict, outs: list) -> int:
@@ -146,13 +150,15 @@ def op_info(func: Any) -> OpInfo:
         ns = func.namespace
         is_view = bool(getattr(func, "is_view", False))
         sync = SYNC_RULES.get(f"{ns}::{short}")
+        backward = BACKWARD_RULES.get(f"{ns}::{short}")
         info = OpInfo(
             name=f"{ns}::{short}",
             short=short,
             kernel=not is_view and short not in _NO_KERNEL,
             sync=sync,
             index=short in _INDEX_OPS,
-            reads=sync is not None or short in _INDEX_OPS,
+            backward=backward,
+            reads=sync is not None or backward is not None or short in _INDEX_OPS,
             mixed_ok=short in MIXED_DEVICE_OK or short in HOST_ARGUMENTS,
             flops=_FAST_FLOPS.get(short) or (
                 _registry_flops(flop_registry[packet]) if packet in flop_registry else None),

@@ -18,6 +18,7 @@ import torch
 
 from ..core.costmodel import DeviceProfile, Timeline
 from ..core.torch_private import ENGINE_RUN_BACKWARD
+from .backward import pend
 from .collector import Collector, PendingCopy
 from .optable import SCALAR_TRIGGERS, OpInfo, index_tensors, is_mask
 from .sites import SiteResolver
@@ -128,6 +129,9 @@ class TraceState:
         #: above 0 while a CPU kernel's range checks run that PyTorch skips for device
         #: tensors (`F.one_hot`'s): what they read back is no copy on a GPU
         self.cpu_only_checks = 0
+        #: the reads of backward formulas left by forward ops, until a backward pass arms
+        #: them (tracer/backward.py); shared with the run's other threads, as the records
+        self.backward_pending: list = []
 
     def sibling(self, thread: str) -> TraceState:
         """The state of another thread of the same run: the same records, sites and device,
@@ -196,7 +200,8 @@ class TraceState:
         """The rarer step after an op with device inputs (`info.reads`): the copies it makes
         the host wait for inside its own code (`item()`, `nonzero`, ...: its rule in
         tracer/syncpoints.py; on a real GPU `measured_ns` when the op is the copy itself, or
-        the wait CUDA reported inside it), and an index op's reads."""
+        the wait CUDA reported inside it), an index op's reads, and those its backward
+        formula will make (kept until a backward pass: tracer/backward.py)."""
         if self.waited_ns:
             measured_ns = self.waited_ns
         sync = info.sync
@@ -211,6 +216,8 @@ class TraceState:
                     measured_ns = 0
         elif info.index:
             self._index_copies(info, args, kwargs, site, measured_ns)
+        if info.backward is not None:
+            pend(self, info.backward, args, kwargs, out)
 
     def _index_copies(self, info: OpInfo, args: tuple, kwargs: dict, site: Any,
                       measured_ns: int) -> None:

@@ -9,8 +9,9 @@ something on the host and sends it over) where its tensor, the op's output, does
 ops named here pay for this: the per-op path calls a rule for them alone (`OpInfo.reads`),
 never for the rest.
 
-Users declare their own ops with `optable.register_sync_op` (exported as
-`memcpy_doctor.register_sync_op`).
+`BACKWARD_RULES` are the reads of backward formulas, listed by the forward op they belong to
+and recorded when autograd runs its node (tracer/backward.py). Users declare their own ops
+with `optable.register_sync_op` (exported as `memcpy_doctor.register_sync_op`).
 """
 
 from __future__ import annotations
@@ -198,6 +199,10 @@ def _cholesky(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     return _check_errors(args, kwargs, out) if args[0].numel() else []
 
 
+def _masked_scatter_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    return _count(args[1])  # `grad.masked_select(mask)`: the mask's count
+
+
 def _nms(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     # torchvision >= 0.21 reduces the suppression mask on the device and returns the boxes
     # kept with masked_select: one count read back (older releases read the whole mask)
@@ -243,7 +248,54 @@ SYNC_RULES: dict[str, SyncRule] = {
     "aten::nanmedian": SyncRule("nanmedian", _median(True)),
     "aten::linalg_lstsq": SyncRule("linalg_check", _check_errors),
     "aten::cholesky": SyncRule("linalg_check", _cholesky),
+    "aten::masked_scatter_backward": SyncRule("masked_scatter_backward",
+                                              _masked_scatter_backward),
     "torchvision::nms": SyncRule("nms", _nms),
+}
+
+@dataclass(frozen=True)
+class BackwardRule:
+    """What one op's backward formula reads from the device on the host when PyTorch runs it
+    outside a dispatch mode (tracer/backward.py says why the tracer records it itself):
+    `reads(args, kwargs, out)` of the forward call lists the copies, made each time autograd
+    runs the op's node."""
+
+    trigger: str
+    reads: Callable[[tuple, dict, Any], list[Read]]
+
+
+def _prod_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    self = args[0]
+    if not self.requires_grad or self.dim() == 0:
+        return []
+    if len(args) > 1 or "dim" in kwargs:  # `slice_zero_count.sum().item<int64_t>()`
+        return [("DtoH", self, 8)]
+    return _count(self)  # `(input == 0).nonzero()`
+
+
+def _cumprod_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    self = args[0]
+    dim = args[1] if len(args) > 1 else kwargs["dim"]
+    if not self.requires_grad or self.numel() <= 1 or self.shape[dim] == 1:
+        return []
+    return [("DtoH", self, 1)]  # `is_zero.any().item<uint8_t>()`
+
+
+def _masked_fill_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
+    value = args[2] if len(args) > 2 else kwargs.get("value")
+    if not isinstance(value, Tensor) or not value.requires_grad:
+        return []  # the value's gradient alone is computed with masked_select
+    return _count(args[1])  # `grad.masked_select(mask).sum()`
+
+
+_MASKED_FILL_BACKWARD = BackwardRule("masked_fill_backward", _masked_fill_backward)
+
+#: By "namespace::op", as SYNC_RULES: the forward ops whose backward formula reads.
+BACKWARD_RULES: dict[str, BackwardRule] = {
+    "aten::prod": BackwardRule("prod_backward", _prod_backward),
+    "aten::cumprod": BackwardRule("cumprod_backward", _cumprod_backward),
+    "aten::masked_fill": _MASKED_FILL_BACKWARD,
+    "aten::masked_fill_": _MASKED_FILL_BACKWARD,
 }
 
 #: Ops that take tensors on the host alongside device ones (beyond 0-dim scalars), by their

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..backward import engine_patch
 from .marks import CUDA0
 
 
@@ -42,11 +43,13 @@ def _data_parallel_scatter(module: Any, inputs: Any, kwargs: Any, device_ids: An
 
 def torch_patches(sim: Any) -> list[tuple[Any, str, Any]]:
     """The attributes of torch this module replaces for the run (applied and undone by the
-    tracer with the rest): grouping by device, cuDNN's check, the generator class, NVTX
-    ranges, DataParallel's scatter. (Serialization has its own context: `serialization`.)"""
+    tracer with the rest): grouping by device, cuDNN's check, the generator class, the
+    backward engine's entry (where backward formulas' reads are armed: tracer/backward.py),
+    NVTX ranges, DataParallel's scatter. (Serialization has its own context:
+    `serialization`.)"""
     from torch.cuda import nvtx
     return [group_by_device_patch(sim), cudnn_patch(), generator_patch(),
-            (nvtx, "_nvtx", _NoNvtx()),
+            engine_patch(lambda: sim.st), (nvtx, "_nvtx", _NoNvtx()),
             (torch.nn.DataParallel, "scatter", _data_parallel_scatter)]
 
 
