@@ -321,6 +321,34 @@ def test_backward_formulas_read_on_the_host(tmp_path, device):
     """, device)
 
 
+def test_nn_init_on_the_device(tmp_path, device):
+    """Of torch 2.13's nn.init, trunc_normal_ waits once per sampling round (one here: bounds
+    no sample passes), sparse_ sends a host index and value per column, dirac_ an element per
+    one it sets; the rest wait for nothing."""
+    check(tmp_path, """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        w = torch.empty(4, 3, device="cuda")
+        nn.init.uniform_(w)
+        nn.init.normal_(w)
+        nn.init.constant_(w, 0.5)
+        nn.init.ones_(w)
+        nn.init.zeros_(w)
+        nn.init.eye_(w)
+        nn.init.xavier_uniform_(w)
+        nn.init.xavier_normal_(w)
+        nn.init.kaiming_uniform_(w)
+        nn.init.kaiming_normal_(w)
+        nn.init.orthogonal_(w)
+        nn.init.trunc_normal_(w, a=-100.0, b=100.0)  # expect: DtoH sync bool
+        nn.init.sparse_(w, 0.5)  # expect: HtoD sync index; HtoD sync index; HtoD sync index; HtoD sync index; HtoD sync index; HtoD sync index
+        c = torch.empty(2, 2, 3, device="cuda")
+        nn.init.dirac_(c)  # expect: HtoD sync copy_; HtoD sync copy_
+        assert w.is_cuda and (w == 0).sum(0).tolist() == [2, 2, 2]  # expect: DtoH sync tolist
+    """, device)
+
+
 @pytest.fixture
 def forget_count_big():
     yield
