@@ -12,7 +12,7 @@ enough that the cost of a call, not its arithmetic, is what is measured:
 - graph-break: a compiled function that runs the same MLP, reads the sum of its output back to
   the host with `.item()` (a graph break) and scales the output by it: two graphs and the read.
 
-Each is called in a loop under torch.no_grad(), in four modes:
+Each is called in a loop under torch.no_grad(), in five modes:
 - plain: host tensors, no mode;
 - bare modes: a forwarding TorchFunctionMode and a forwarding TorchDispatchMode that says
   `ignore_compile_internals` (as the tracer's does), host tensors: what any pair of Python
@@ -20,7 +20,9 @@ Each is called in a loop under torch.no_grad(), in four modes:
 - memcpy-doctor (host): under `Tracer(device="sim")`, host tensors;
 - memcpy-doctor (sim): under `Tracer(device="sim")`, the model moved and the input made with
   `device="cuda"` inside the tracer (simulated GPU tensors, as under `memcpy-doctor profile`
-  on a machine without a GPU).
+  on a machine without a GPU);
+- every call traced: the same with `compiled_calls_traced=None`: the ops inside each graph
+  traced on every call, not only on its first calls (tracer/regions.py).
 
 The model is built, compiled and warmed up (the first calls compile) inside the mode, so a
 traced run's graphs are compiled under the tracer, as under `memcpy-doctor profile`; only the
@@ -58,7 +60,7 @@ from contextlib import ExitStack
 from typing import Any, Callable
 
 MODES = {"plain": "plain", "bare": "bare modes", "host": "memcpy-doctor (host)",
-         "sim": "memcpy-doctor (sim)"}
+         "sim": "memcpy-doctor (sim)", "sim-all": "  every call traced"}
 WORKLOADS = ("mlp", "graph-break")
 #: Calls before the measured ones: the first compiles.
 WARMUP = 10
@@ -132,11 +134,13 @@ def measure(workload: str, mode: str, calls: int, repeat: int, instructions: boo
         if mode == "bare":
             for m in bare_modes():
                 stack.enter_context(m)
-        elif mode in ("host", "sim"):
+        elif mode in ("host", "sim", "sim-all"):
+            from memcpy_doctor.core.defaults import REGION_CALLS_TRACED
             from memcpy_doctor.tracer import Tracer
-            tracer = Tracer(device="sim")
+            tracer = Tracer(device="sim", compiled_calls_traced=None if mode == "sim-all"
+                            else REGION_CALLS_TRACED)
             stack.enter_context(tracer)
-        step, x = build(workload, "cuda" if mode == "sim" else "cpu", batch, width)
+        step, x = build(workload, "cuda" if mode.startswith("sim") else "cpu", batch, width)
         calls_of(step, x, WARMUP)
         graphs = counters["stats"]["unique_graphs"]
         if instructions:
@@ -162,6 +166,7 @@ def measure(workload: str, mode: str, calls: int, repeat: int, instructions: boo
                               if o.calls >= runs}
         info = tracer.trace.compile
         result["graphs"] = len(info.graphs) if info else 0
+        result["traced_calls"] = [[g.traced_calls, g.calls] for g in info.graphs] if info else []
         result["recompiles"] = info.recompiles if info else 0
     print(json.dumps(result), flush=True)
 
@@ -244,6 +249,8 @@ def notes(workload: str, results: dict[str, dict[str, Any]]) -> None:
         rows = ", ".join(f"{op} x{n:g}" for op, n in sim["per_call"].items())
         print(f"  traced per call (sim): {rows}; {sim['graphs']} graph(s), "
               f"{sim['recompiles']} recompile(s)")
+        traced = ", ".join(f"{t} of {n}" for t, n in sim.get("traced_calls", []))
+        print(f"  calls of each graph traced op by op (sim): {traced}")
         for mode in ("host", "sim"):
             if "stop_s" in results.get(mode, {}):
                 print(f"  {MODES[mode]} stop (trace and report): "

@@ -26,7 +26,7 @@ from .analysis.gates import GateError
 from .core import __version__
 from .core.defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
                             DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
-                            SORT_KEYS)
+                            REGION_CALLS_TRACED, SORT_KEYS)
 from .core.kineto import is_kineto_file
 from .core.trace import Trace
 from .core.units import parse_bytes
@@ -70,6 +70,19 @@ def _say(text: str) -> None:
 @click.version_option(__version__, prog_name="memcpy-doctor")
 def cli() -> None:
     """Find the copies between host and GPU that stall a PyTorch program."""
+
+
+def _calls_traced(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
+    """--trace-compiled-calls: a count of at least 1, or "all" (None)."""
+    if value == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise click.BadParameter(f"{value!r}: give a number of calls, at least 1, or 'all'")
+    return n
 
 
 def _gate_options(f):
@@ -144,6 +157,11 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
                    "(the file is not changed) and profile that.")
 @click.option("--chrome-trace", metavar="PATH", default=None,
               help="Also write the timeline (Chrome trace format, for Perfetto).")
+@click.option("--trace-compiled-calls", "compiled_calls", metavar="N|all",
+              default=str(REGION_CALLS_TRACED), show_default=True, callback=_calls_traced,
+              help="Trace the ops inside a torch.compile'd graph on its first N calls (per "
+                   "input shapes); a graph that made no copy or host wait in them runs its "
+                   "later calls untraced inside, timed as one region. all: every call.")
 @click.option("--gate", is_flag=True,
               help="Check the trace after the run (with --max/--baseline/--allow or "
                    "[tool.memcpy-doctor]); exit 1 if a gate fails.")
@@ -159,7 +177,7 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
             log_transfers: int, apply_path: str | None, chrome_trace: str | None,
-            gate: bool, limits, baseline,
+            compiled_calls: int | None, gate: bool, limits, baseline,
             tolerances, allow, config_path, gate_format: str, ranks: int | None,
             no_report: bool, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
@@ -169,7 +187,7 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     trace, the rank before the extension: -o trace.json gives trace.rank0.json, ..."""
     options = ProfileOptions(script, args, device, device_profile, output, sort, log_transfers,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
-                             gate_format=gate_format)
+                             gate_format=gate_format, compiled_calls_traced=compiled_calls)
     with _usage_errors():
         rank = this_rank(ranks)
         config = None

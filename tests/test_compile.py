@@ -48,14 +48,14 @@ ITEM_LOOP = textwrap.dedent("""\
 
 
 def run_program(tmp_path, source: str, name: str = "prog.py",
-                device: str = "sim") -> tuple[Trace, str, dict]:
+                device: str = "sim", **tracer_options) -> tuple[Trace, str, dict]:
     """Run `source` as a script under a tracer (the simulated GPU unless `device` says
     otherwise); its trace, path and globals."""
     path = tmp_path / name
     path.write_text(textwrap.dedent(source))
     torch._dynamo.reset()
     scope = {"__name__": "__main__", "__file__": str(path)}
-    tracer = Tracer(device=device)
+    tracer = Tracer(device=device, **tracer_options)
     with tracer:
         exec(compile(path.read_text(), str(path), "exec"), scope)
     torch._dynamo.reset()
@@ -152,7 +152,7 @@ def test_compiled_module_trains_with_an_optimizer(tmp_path):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(4, 8).cuda(); y = torch.randn(4, 1).cuda()
         losses = []
-        for step in range(4):
+        for step in range(8):
             opt.zero_grad()
             loss = nn.functional.mse_loss(compiled(x), y)
             loss.backward()
@@ -165,7 +165,7 @@ def test_compiled_module_trains_with_an_optimizer(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(4, 8), torch.randn(4, 1)
     expected = []
-    for _ in range(4):
+    for _ in range(8):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -173,8 +173,10 @@ def test_compiled_module_trains_with_an_optimizer(tmp_path):
         expected.append(loss.item())
     assert scope["losses"] == pytest.approx(expected, rel=1e-5)
     assert scope["where"] == {"cuda:0"}
-    assert ("DtoH", "item", 13, 4) in syncs(trace)
-    assert regions(trace) == {"Torch-Compiled Region: 0/0": 4}
+    assert ("DtoH", "item", 13, 8) in syncs(trace)  # (and no copy the marks would miss)
+    assert regions(trace) == {"Torch-Compiled Region: 0/0": 8}
+    [graph] = trace.compile.graphs  # the forward's last 5 calls ran steady
+    assert (graph.traced_calls, graph.calls) == (3, 8)
 
 
 def test_a_failing_compile_fails_as_without_the_tool(tmp_path):
@@ -490,3 +492,88 @@ def test_on_a_gpu_the_break_syncs_at_its_line_and_the_captured_read_does_not(tmp
     # what Inductor does with the captured read on a GPU is what this records: kept on the
     # device (no sync), as on the CPU, unless this fails
     assert syncs(trace) == [] and trace.compile.graph_breaks == []
+
+
+STEADY_LOOP = """\
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).cuda())
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad():
+        for i in range(10):
+            out = model(x)
+        total = float(out.sum())
+    """
+
+
+def _op_calls(trace: Trace, name: str) -> int:
+    return sum(o.calls for o in trace.ops if o.op == name)
+
+
+def test_a_quiet_graph_runs_steady_after_its_first_calls_with_the_same_modeled_times(tmp_path):
+    """After 3 traced calls without a copy, a graph's calls run untraced inside; on the
+    simulated GPU each records its region's row with the time its traced calls modeled for
+    the ops inside, so the run's modeled times equal those of tracing every call."""
+    steady, _, scope = run_program(tmp_path, STEADY_LOOP)
+    every, _, scope_every = run_program(tmp_path, STEADY_LOOP, compiled_calls_traced=None)
+    assert scope["total"] == scope_every["total"]
+    assert (steady.compile.graphs[0].traced_calls, steady.compile.graphs[0].calls) == (3, 10)
+    assert (every.compile.graphs[0].traced_calls, every.compile.graphs[0].calls) == (10, 10)
+    assert _op_calls(steady, "aten::addmm") == 2 * 3 and _op_calls(every, "aten::addmm") == 20
+    assert regions(steady) == regions(every) == {"Torch-Compiled Region: 0/0": 10}
+    device = [sum(o.device_ns for o in t.ops) for t in (steady, every)]
+    assert device[0] == device[1] > 0
+    assert steady.summary.total_ns == every.summary.total_ns
+    text = render_text(steady)
+    assert "7 of 10 calls of compiled graphs ran with the ops inside untraced" in text
+    assert "ran with the ops inside untraced" not in render_text(every)
+
+
+def test_a_graph_whose_traced_calls_copy_stays_traced(tmp_path):
+    """A graph with a sync inside (an in-graph read that sizes a tensor) never runs steady:
+    each call's sync is recorded."""
+    trace, _, _ = run_program(tmp_path, """\
+        import torch
+        torch._dynamo.config.capture_scalar_outputs = True
+        @torch.compile(fullgraph=True)
+        def step(x):
+            n = (x > 0).sum().item()
+            torch._check_is_size(n)
+            return torch.zeros(n, device=x.device) + x.mean()
+        x = torch.arange(-3.0, 7.0, device="cuda")
+        for i in range(8):
+            out = step(x)
+        torch._dynamo.config.capture_scalar_outputs = False
+        """)
+    assert syncs(trace) == [("DtoH", "item", 5, 8)]
+    [graph] = trace.compile.graphs
+    assert (graph.traced_calls, graph.calls) == (8, 8)
+
+
+def test_a_graph_for_any_shape_is_traced_anew_on_new_shapes(tmp_path):
+    """A graph compiled for symbolic shapes runs steady per input shapes: each new shape's
+    first 3 calls are traced."""
+    trace, _, scope = run_program(tmp_path, """\
+        import torch
+        @torch.compile(dynamic=True)
+        def step(x, w):
+            return (x @ w).relu()
+        w = torch.randn(8, 8, device="cuda")
+        for n in (4, 4, 4, 4, 4, 6, 6, 6, 6):
+            out = step(torch.randn(n, 8, device="cuda"), w)
+        where = str(out.device)
+        """)
+    assert scope["where"] == "cuda:0"
+    [graph] = trace.compile.graphs
+    assert (graph.traced_calls, graph.calls) == (6, 9)
+
+
+def test_trace_compiled_calls_option_is_checked(tmp_path):
+    script = tmp_path / "p.py"
+    script.write_text("pass\n")
+    done = subprocess.run([sys.executable, "-m", "memcpy_doctor", "profile",
+                           "--trace-compiled-calls", "0", str(script)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "'0': give a number of calls, at least 1, or 'all'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -52,6 +52,7 @@ class GraphRecord:
     nodes: int  # ops in Dynamo's graph
     host_reads: list[Site] = field(default_factory=list)  # in-graph .item() and such
     calls: int = 0
+    traced_calls: int = 0  # calls whose ops were traced one by one (the rest: steady)
 
 
 @dataclass
@@ -94,7 +95,8 @@ class CompileInfo:
             graphs=[GraphRecord(name=str(g["name"]), site=_site(g.get("site")),
                                 nodes=int(g["nodes"]),
                                 host_reads=[_site(s) for s in g.get("host_reads", [])],
-                                calls=int(g.get("calls", 0)))
+                                calls=int(g.get("calls", 0)),
+                                traced_calls=int(g.get("traced_calls", g.get("calls", 0))))
                     for g in d.get("graphs", [])],
             recompiles=int(d.get("recompiles", 0)),
             graph_breaks=[GraphBreak(site=_site(b.get("site")), reason=str(b["reason"]),

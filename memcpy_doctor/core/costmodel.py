@@ -145,14 +145,16 @@ class Timeline:
     """Two clocks in integer ns: the host issuing work and the device queue running it in order.
 
     Each method advances the clocks for one event and returns the host time the event took
-    (its CPU Time in the report).
+    (its CPU Time in the report). `busy_ns` is the device time of the kernels the per-op path
+    queued (a compiled region learns what the ops inside it cost from it).
     """
 
-    __slots__ = ("host_ns", "device_ns")
+    __slots__ = ("host_ns", "device_ns", "busy_ns")
 
     def __init__(self) -> None:
         self.host_ns = 0
         self.device_ns = 0
+        self.busy_ns = 0
 
     def host(self, ns: int) -> int:
         """Host-only work: Python code, an op on the host."""

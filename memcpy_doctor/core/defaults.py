@@ -60,6 +60,12 @@ OP_TIMES_FOLD_AT = 64
 #: parameter), are setup or one-off (analysis/steady.py).
 PER_STEP_MIN_SPREAD = 0.25
 
+#: A compiled graph's calls traced op by op (per input shapes, for a graph compiled for any
+#: shape) before its calls may run with the tracer off inside: once that many made no copy
+#: and no host wait inside the graph, its straight-line code makes none on those shapes
+#: (tracer/regions.py; `profile --trace-compiled-calls`). The first call may also set up.
+REGION_CALLS_TRACED = 3
+
 #: Most user frames kept in a copy record's stack.
 MAX_STACK_FRAMES = 16
 

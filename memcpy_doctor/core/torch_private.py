@@ -82,7 +82,7 @@ class CompileHooks:
 
     def __init__(self) -> None:
         import torch._dynamo
-        from torch._dynamo import output_graph
+        from torch._dynamo import eval_frame, output_graph
         from torch._dynamo.utils import counters
         from torch._functorch._aot_autograd import runtime_wrappers
         from torch._guards import CompileContext
@@ -99,6 +99,9 @@ class CompileHooks:
         self.skip_frame = dynamo_skip_frame
         #: the module whose `call_func_at_runtime_with_args` runs a compiled backward
         self.aot_runtime = runtime_wrappers
+        #: what a `torch._dynamo.disable` wrapper (the backend's compiled graph is one)
+        #: calls: the graph itself, for a caller already inside such a wrapper
+        self.innermost = eval_frame.innermost_fn
 
     @staticmethod
     def cudagraph_skip_loggers() -> list[Any]:

@@ -30,6 +30,13 @@ def compile_lines(info: CompileInfo, copies: list, steps: int | None, cwd: str |
     lines = [f"torch.compile: {_plural(len(info.graphs), 'graph')}, "
              f"{_plural(len(info.graph_breaks), 'graph break')}, "
              f"{_plural(info.recompiles, 'recompile')}"]
+    calls = sum(g.calls for g in info.graphs)
+    untraced = calls - sum(min(g.traced_calls, g.calls) for g in info.graphs)
+    if untraced:
+        lines.append(f"{untraced} of {calls} calls of compiled graphs ran with the ops inside "
+                     "untraced: their graph's first calls made no copy or host wait, so these "
+                     "are timed as its region's row alone (--trace-compiled-calls all traces "
+                     "every call)")
     if info.graph_breaks:
         per = f"Sync per step ({steps} steps)" if steps else "Sync copies"
         rows = []

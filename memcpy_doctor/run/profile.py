@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..core.costmodel import ProfileError
-from ..core.defaults import CHROME_EVENTS
+from ..core.defaults import CHROME_EVENTS, REGION_CALLS_TRACED
 from ..core.trace import Trace
 from ..render.chrome import render_chrome
 from ..render.text import render_text
@@ -45,6 +45,8 @@ class ProfileOptions:
     report: bool = True  # False for the ranks of --ranks: the launcher reports
     ranks: int | None = None  # --ranks N: start N ranks here
     gate_format: str = "text"
+    #: a compiled graph's calls traced op by op (tracer/regions.py); None: every call
+    compiled_calls_traced: int | None = REGION_CALLS_TRACED
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
         tracer = Tracer(device=options.device, profile=options.device_profile,
                         command=["memcpy-doctor", "profile", options.script, *options.args],
                         log_transfers=options.log_transfers,
-                        timeline_events=CHROME_EVENTS if chrome_trace else 0)
+                        timeline_events=CHROME_EVENTS if chrome_trace else 0,
+                        compiled_calls_traced=options.compiled_calls_traced)
     except ProfileError as e:
         raise InputError(str(e)) from None
     try:

@@ -26,7 +26,8 @@ import torch
 from ..core import __version__
 from ..core.costmodel import DeviceProfile, load_profile
 from ..core.summary import summarize
-from ..core.defaults import DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES
+from ..core.defaults import (DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES,
+                             REGION_CALLS_TRACED)
 from ..core.guardstate import inside_guard
 from ..core.compiled import CompileInfo
 from ..core.torch_private import compile_hooks
@@ -93,10 +94,15 @@ class Tracer:
 
     def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
                  command: list[str] | None = None,
-                 log_transfers: int = DEFAULT_TRANSFER_LOG, timeline_events: int = 0) -> None:
+                 log_transfers: int = DEFAULT_TRANSFER_LOG, timeline_events: int = 0,
+                 compiled_calls_traced: int | None = REGION_CALLS_TRACED) -> None:
         """`log_transfers`: keep the first N copies, in order, in the trace (explain --log);
-        `timeline_events`: keep the first N events on a timeline (`chrome` after stop)."""
+        `timeline_events`: keep the first N events on a timeline (`chrome` after stop);
+        `compiled_calls_traced`: trace the ops inside a compiled graph on its first N calls
+        (per input shapes), after which a graph that made no copy in them runs untraced
+        inside (tracer/regions.py); None: on every call."""
         self.log_transfers = log_transfers
+        self.compiled_calls_traced = compiled_calls_traced
         self.timeline_events = timeline_events
         self.chrome: ChromeLog | None = None
         self.requested_device = device
@@ -196,7 +202,7 @@ class Tracer:
         if sim_patch is not None:  # the compile sees the host it runs on
             lift, restore = (lambda: sim_patch.__exit__(None, None, None)), sim_patch.__enter__
         return stack.enter_context(CompileWatch(hooks, self._state_here, recorder, self._sim,
-                                                lift, restore))
+                                                lift, restore, self.compiled_calls_traced))
 
     def _handlers(self, state: TraceState) -> dict[Any, Callable]:
         if self._sim is not None:

@@ -236,6 +236,8 @@ class Collector:
         self.producers = ProducerTable()
         #: id(tensor) -> (weak reference, the copy into it awaiting its first reader)
         self.pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
+        #: copies and host waits recorded so far (a compiled region reads it around a call)
+        self.recorded = 0
 
     # ----- ops -----
     def new_op(self, key: tuple[str, str, int, str | None], name: str, device: str,
@@ -290,6 +292,7 @@ class Collector:
                              dtype)
             for listener in list(self.listeners):
                 listener(note)
+        self.recorded += 1
         name = copy_event_name(direction, sync)
         event = self.events.get(name)
         if event is None:
@@ -384,6 +387,7 @@ class Collector:
     # ----- waits -----
     def wait(self, kind: str, site: Site | None, wait_ns: int,
              thread: str | None = None) -> None:
+        self.recorded += 1
         entry = self.waits.get((kind, site, thread))
         if entry is None:
             entry = self.waits[(kind, site, thread)] = [0, 0]

@@ -10,11 +10,9 @@ True only then), so the graphs are those of a run without the tracer.
 `CompileWatch`, entered for the tracer's lifetime where torch allows it:
 
 - wraps each graph Dynamo hands to its backend (`OutputGraph.call_user_compiler`), so that a
-  call of the compiled graph is a *region*: a boundary for call sites (what it dispatches has
-  the line of the graph's first host read, else of its first node, from the FX nodes' stack
-  traces, rather than the compiled function's `def` line), one op row "Torch-Compiled Region:
-  F/C" (Kineto's name for it), and, on the simulated GPU, its outputs on the device of its
-  inputs and its device time modeled as one memory-bound kernel (what Inductor fuses);
+  call of the compiled graph is a *region* (tracer/regions.py: a boundary for call sites, one
+  op row, its first calls traced op by op and, where they made no copy, the later ones not),
+  found at its user lines from the FX nodes' stack traces;
 - lifts the simulated GPU's patches of torch.cuda while Dynamo and the backend compile (the
   compile sees the host it runs on: graphs are compiled for the CPU);
 - collects the graph breaks Dynamo takes (its reason, GB code and user frame), the graphs and
@@ -25,22 +23,18 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import types
-from time import perf_counter_ns
 from typing import Any, Callable
 
 import torch
 
 from ..core.compiled import CompileInfo, GraphBreak, GraphRecord
+from ..core.defaults import REGION_CALLS_TRACED
 from ..core.paths import is_internal_file, is_package_file
 from ..core.torch_private import CompileHooks, compile_hooks
 from ..core.trace import Site
-from .optable import OP_INFO, OpInfo, op_info
-from .sites import UNSET
-from .state import tensor_args, tensors_out, with_kwarg_tensors
+from .regions import REGION_DISPATCH_CODE, Region, RegionRunner, swap_dispatch
+from .state import tensors_out
 
-_getframe = sys._getframe
 _DisableTorchFunction = torch._C.DisableTorchFunction
 Tensor = torch.Tensor
 #: FX targets that read device data back to the host (Dynamo's graph, before AOT autograd).
@@ -109,6 +103,17 @@ def graph_sites(gm: Any) -> tuple[Site | None, list[Site]]:
     return first, reads
 
 
+def symbolic(example_inputs: Any) -> bool:
+    """Whether a graph was compiled for symbolic shapes: a SymInt among its inputs or their
+    sizes (a static graph's guards fix its inputs' shapes)."""
+    for x in example_inputs or ():
+        if isinstance(x, torch.SymInt):
+            return True
+        if isinstance(x, torch.Tensor) and not all(isinstance(d, int) for d in x.shape):
+            return True
+    return False
+
+
 def gb_code(text: str) -> str | None:
     """The GB code of a Dynamo graph-break message ("GB0124"), if it names one."""
     found = _GB_CODE.search(text)
@@ -131,87 +136,27 @@ def break_site(user_stack: Any) -> Site | None:
     return None
 
 
-def _device_of(ins: list, dev_in: list) -> str:
-    """The device a region ran on: that of its first input on the device."""
-    t = ins[dev_in.index(True)]
-    return f"cuda:{t.get_device()}" if t.is_cuda else "cuda:0"  # (the simulated GPU's: 0)
-
-
-def _in_region(plain: Callable, entry: list | None, reads: list | None,
-               mark_storages: Callable | None, state_here: Callable) -> Callable:
-    """The dispatch mode's handler inside a region: on the simulated GPU (`mark_storages`),
-    the tensors an op reads are marked as device memory first (if they are not yet); with
-    several host reads (`reads`), each op that reads the device from the host moves the
-    region's site (`entry[1]`) on to the next read's line, in the graph's order."""
-    taken = [0]
-
-    def region_dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
-                        kwargs: dict | None = None) -> Any:
-        if state_here().suspended:
-            return plain(func, types, args, kwargs)
-        if mark_storages is not None:
-            with _DisableTorchFunction():
-                ins = tensor_args(args)
-                mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
-        try:
-            return plain(func, types, args, kwargs)
-        finally:
-            if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
-                taken[0] += 1
-                entry[1] = reads[min(taken[0], len(reads) - 1)]
-
-    return region_dispatch
-
-
-def _swap_dispatch(state: Any, entry: list | None, reads: list | None,
-                   mark_storages: Callable | None, state_here: Callable) -> Callable:
-    """Put `_in_region`'s handler in place of the thread's dispatch handler; returns what
-    puts the thread's own back."""
-    mode = state.dispatch_mode
-    plain = mode.__torch_dispatch__
-    mode.__torch_dispatch__ = types.MethodType(
-        _in_region(plain, entry, reads, mark_storages, state_here), mode)
-    return lambda: setattr(mode, "__torch_dispatch__", plain)
-
-
-#: The code of every region's dispatch handler (one code object for all the closures)
-_REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
-
-
-class _Region:
-    """One compiled graph: what its calls record."""
-
-    __slots__ = ("record", "info", "site", "calls", "breaks_at")
-
-    def __init__(self, record: GraphRecord) -> None:
-        self.record = record  # (its host reads: record.host_reads)
-        #: where what it dispatches is: its first host read, else its first user line
-        self.site = record.host_reads[0] if record.host_reads else record.site
-        self.info = OpInfo(name=record.name, short="compiled_region", kernel=True, sync=None,
-                           index=False, reads=False, mixed_ok=True, flops=None,
-                           pass_through=False, lone_tensor=False, call=None)
-        self.calls = 0
-        self.breaks_at: GraphBreak | None = None  # the break this graph ends at
-
-
 class CompileWatch:
     """Regions, graph breaks, graphs and recompiles of the compiles made while tracing.
 
     `hooks`: torch.compile's private parts (core/torch_private.compile_hooks());
     `state_here()`: the calling thread's TraceState; `recorder(state)`: its per-op record
     step (tracer/perop.py); `lift()`/`restore()`: take the simulated GPU's patches of
-    torch.cuda away while a compile runs, and put them back (None on a real GPU)."""
+    torch.cuda away while a compile runs, and put them back (None on a real GPU);
+    `calls_traced`: a region's calls traced op by op per input shapes before it may run
+    steady (tracer/regions.py; None: every call)."""
 
     def __init__(self, hooks: CompileHooks, state_here: Callable[[], Any],
                  recorder: Callable[[Any], Any], sim: Any, lift: Callable[[], None] | None,
-                 restore: Callable[[], None] | None) -> None:
+                 restore: Callable[[], None] | None,
+                 calls_traced: int | None = REGION_CALLS_TRACED) -> None:
         self.hooks = hooks
+        self.calls_traced = calls_traced
         self.state_here, self.recorder, self.sim = state_here, recorder, sim
         self.lift, self.restore = lift, restore
-        self.regions: list[_Region] = []
+        self.regions: list[Region] = []
         self.breaks: dict[tuple, GraphBreak] = {}
         self.recompiles = 0
-        self._records: dict[int, Any] = {}
         self._reasons_seen = 0
         self._last_break: GraphBreak | None = None
         self._saved: Any = None
@@ -279,7 +224,7 @@ class CompileWatch:
                 on_device = True in marks.inputs([a for a in args if isinstance(a, Tensor)])
             if not on_device:
                 return call(f, args, *rest, **kwargs)
-            put_back = _swap_dispatch(state, None, None, marks.mark_outputs, state_here)
+            put_back = swap_dispatch(state, None, None, marks.mark_outputs, state_here)
             try:
                 out = call(f, args, *rest, **kwargs)
             finally:
@@ -311,12 +256,13 @@ class CompileWatch:
         def wrapped(graph: Any, gm: Any, example_inputs: Any) -> Any:
             watch._hear_cudagraph_skips()
             compiled = call_user_compiler(graph, gm, example_inputs)
-            return watch.region(gm, compiled)
+            return watch.region(gm, compiled, example_inputs)
 
         return wrapped
 
-    def region(self, gm: Any, compiled: Callable) -> Callable:
-        """`compiled`, run as a region of the trace."""
+    def region(self, gm: Any, compiled: Callable, example_inputs: Any = ()) -> Callable:
+        """`compiled`, run as a region of the trace (tracer/regions.py); `example_inputs`:
+        Dynamo's fake inputs, whose symbolic sizes say the graph takes any shape."""
         compile_id = self.hooks.compile_id()
         label = str(compile_id) if compile_id is not None else str(len(self.regions))
         first, reads = graph_sites(gm)
@@ -324,68 +270,19 @@ class CompileWatch:
                              nodes=sum(1 for n in gm.graph.nodes
                                        if n.op not in ("placeholder", "output")),
                              host_reads=list(reads))
-        region = _Region(record)
+        region = Region(record, dynamic=symbolic(example_inputs))
         self.regions.append(region)
         self._collect_breaks(region)
         return self._runner(region, compiled)
 
-    def _runner(self, region: _Region, compiled: Callable) -> Callable:
-        state_here, records, sim = self.state_here, self._records, self.sim
-        marks = sim.cuda_marks if sim is not None else None
-        record_for = self.recorder
-
-        def run_compiled_region(*args: Any, **kwargs: Any) -> Any:
-            state = state_here()
-            if state is None or state.suspended:
-                return compiled(*args, **kwargs)
-            region.calls += 1
-            with _DisableTorchFunction():  # the tracer's own reads: not the program's
-                ins = [a for a in args if isinstance(a, Tensor)]
-                if marks is None:
-                    dev_in = [t.is_cuda for t in ins]
-                else:
-                    dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
-            any_dev = True in dev_in
-            calls = state.sites.calls
-            entry = [_getframe(0), UNSET if region.site is None else region.site]
-            calls.append(entry)
-            reads = region.record.host_reads
-            mark = any_dev and marks is not None  # what the region still dispatches may
-            walk = len(reads) > 1  # touch buffers Inductor made on the host (on a GPU,
-            # device memory); a region with several host reads has each at its own line
-            put_back = _swap_dispatch(state, entry, reads if walk else None,
-                                      marks.mark_outputs if mark else None,
-                                      state_here) if mark or walk else None
-            t0 = perf_counter_ns()
-            try:
-                out = compiled(*args, **kwargs)
-            finally:
-                calls.pop()
-                if put_back is not None:
-                    put_back()
-            host_ns = perf_counter_ns() - t0
-            with _DisableTorchFunction():
-                outs = tensors_out(out)
-                if any_dev and marks is not None:  # the artifact ran on the host: its
-                    marks.mark_outputs(outs)  # new outputs live where its inputs do
-                record = records.get(id(state))
-                if record is None:
-                    record = records[id(state)] = record_for(state)
-                device = _device_of(ins, dev_in) if any_dev else "cpu"
-                site = region.site
-                if site is None:  # a graph of torch's own code (a compiled nn.Sequential):
-                    site = entry[1] if entry[1] is not UNSET else (  # the caller's line
-                        state.sites.resolve_from(_getframe(0).f_back))
-                    if region.record.site is None:
-                        region.record.site = site
-                record(region.info, args, kwargs, ins, out, outs, dev_in, any_dev, device,
-                       site, host_ns)
-            return out
-
-        self.hooks.skip_frame(run_compiled_region.__code__)  # never compiled when called
-        self.hooks.skip_frame(_REGION_DISPATCH_CODE)
-        self._boundary(run_compiled_region.__code__)
-        return run_compiled_region
+    def _runner(self, region: Region, compiled: Callable) -> Callable:
+        runner = RegionRunner(region, self.hooks.innermost(compiled), self.state_here,
+                              self.recorder, self.sim, self.calls_traced)
+        for code in (RegionRunner.__call__.__code__, RegionRunner._traced.__code__,
+                     RegionRunner._finish.__code__, REGION_DISPATCH_CODE):
+            self.hooks.skip_frame(code)  # never compiled when called
+        self._boundary(RegionRunner._traced.__code__)
+        return runner
 
     def _boundary(self, code: Any) -> None:
         state = self.state_here()
@@ -393,7 +290,7 @@ class CompileWatch:
             state.sites.add_boundary(code)
 
     # ----- graph breaks -----
-    def _collect_breaks(self, region: _Region | None = None) -> None:
+    def _collect_breaks(self, region: Region | None = None) -> None:
         """The graph breaks Dynamo took since the last look, one per user line; the first
         new one is where `region` (the graph compiled now) ends."""
         reasons = self.hooks.graph_break_reasons
@@ -425,6 +322,7 @@ class CompileWatch:
         graphs = []
         for region in self.regions:
             region.record.calls = region.calls
+            region.record.traced_calls = region.traced_calls
             graphs.append(region.record)
         skips, notes = list(self.skips), []
         counted = self.hooks.cudagraph_skips() > self._skips_counted

@@ -184,9 +184,9 @@ def recorder(state: TraceState) -> Callable[..., None]:
                 host = timeline.host_ns = timeline.host_ns + launch_ns
                 start, host_ns = timeline.device_ns, launch_ns
                 timeline.device_ns = (host if host > start else start) + device_ns
-                kernels = agg.kernel_times  # folded later, as `times`
-                kernels.append(device_ns)
-                if len(kernels) >= fold_at:
+                timeline.busy_ns += device_ns
+                agg.kernel_times.append(device_ns)  # folded later, as `times`
+                if len(agg.kernel_times) >= fold_at:
                     agg.fold()
             agg.flops += flops
             agg.bytes += nbytes

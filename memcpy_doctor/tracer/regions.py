@@ -1,0 +1,231 @@
+"""A compiled graph's calls under the tracer: each call is a *region* of the trace.
+
+A region is a boundary for call sites (what it dispatches has the line of the graph's first
+host read, else of its first node, rather than the compiled function's `def` line), one op row
+"Torch-Compiled Region: F/C" (Kineto's name for it), and, on the simulated GPU, its outputs on
+the device of its inputs and its device time modeled as one memory-bound kernel (what Inductor
+fuses).
+
+**Traced calls, then steady ones.** A region's first `calls_traced` calls with the same input
+shapes are traced op by op: the ops the compiled code still dispatches (matmuls Inductor calls
+out to, fallbacks, host reads it keeps) are recorded as in eager code. A compiled graph's code
+is straight-line: on the same shapes it makes the same ops each call. So once those calls made
+no copy and no host wait inside the region (and its inputs are plain tensors), its later calls
+with those shapes are *steady*: they run with the tracer's modes off inside, and record only
+the region's row (a real GPU's: the measured host time; the simulated GPU's: its own kernel,
+plus the modeled host and device time of the ops inside it, as on its last traced call). The
+trace counts both (`GraphRecord.traced_calls`); `calls_traced=None` traces every call.
+"""
+
+from __future__ import annotations
+
+import types
+from sys import _getframe
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import torch
+
+from ..core.compiled import GraphRecord
+from .optable import OP_INFO, OpInfo, op_info
+from .sites import UNSET
+from .state import tensor_args, tensors_out, with_kwarg_tensors
+
+Tensor = torch.Tensor
+_DisableTorchFunction = torch._C.DisableTorchFunction
+_DisableTorchDispatch = torch._C._DisableTorchDispatch
+#: Tensor types a steady call may hand to compiled code with the modes off: a subclass with
+#: its own handlers needs them on
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+
+
+def _device_of(ins: list, dev_in: list) -> str:
+    """The device a region ran on: that of its first input on the device."""
+    t = ins[dev_in.index(True)]
+    return f"cuda:{t.get_device()}" if t.is_cuda else "cuda:0"  # (the simulated GPU's: 0)
+
+
+def _in_region(plain: Callable, entry: list | None, reads: list | None,
+               mark_storages: Callable | None, state_here: Callable) -> Callable:
+    """The dispatch mode's handler inside a region: on the simulated GPU (`mark_storages`),
+    the tensors an op reads are marked as device memory first (if they are not yet); with
+    several host reads (`reads`), each op that reads the device from the host moves the
+    region's site (`entry[1]`) on to the next read's line, in the graph's order."""
+    taken = [0]
+
+    def region_dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
+                        kwargs: dict | None = None) -> Any:
+        if state_here().suspended:
+            return plain(func, types, args, kwargs)
+        if mark_storages is not None:
+            with _DisableTorchFunction():
+                ins = tensor_args(args)
+                mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
+        try:
+            return plain(func, types, args, kwargs)
+        finally:
+            if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
+                taken[0] += 1
+                entry[1] = reads[min(taken[0], len(reads) - 1)]
+
+    return region_dispatch
+
+
+def swap_dispatch(state: Any, entry: list | None, reads: list | None,
+                  mark_storages: Callable | None, state_here: Callable) -> Callable:
+    """Put `_in_region`'s handler in place of the thread's dispatch handler; returns what
+    puts the thread's own back."""
+    mode = state.dispatch_mode
+    plain = mode.__torch_dispatch__
+    mode.__torch_dispatch__ = types.MethodType(
+        _in_region(plain, entry, reads, mark_storages, state_here), mode)
+    return lambda: setattr(mode, "__torch_dispatch__", plain)
+
+
+#: The code of every region's dispatch handler (one code object for all the closures)
+REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
+
+
+class Region:
+    """One compiled graph: what its calls record, and what its traced calls taught.
+
+    `steady` maps an input-shape key (None for a graph compiled for static shapes, whose
+    guards fix them) to what a steady call adds on the simulated GPU: the modeled (host ns,
+    device ns) of the ops inside, as on the last traced call; `quiet` counts the traced calls
+    per key that made no copy and no wait inside; `noisy` is set by one that did."""
+
+    __slots__ = ("record", "info", "site", "calls", "breaks_at", "dynamic", "quiet", "steady",
+                 "noisy", "traced_calls")
+
+    def __init__(self, record: GraphRecord, dynamic: bool) -> None:
+        self.record = record  # (its host reads: record.host_reads)
+        #: where what it dispatches is: its first host read, else its first user line
+        self.site = record.host_reads[0] if record.host_reads else record.site
+        self.info = OpInfo(name=record.name, short="compiled_region", kernel=True, sync=None,
+                           index=False, reads=False, mixed_ok=True, flops=None,
+                           pass_through=False, lone_tensor=False, call=None)
+        self.calls = 0
+        self.traced_calls = 0
+        self.breaks_at: Any = None  # the GraphBreak this graph ends at
+        self.dynamic = dynamic  # compiled for symbolic shapes: steady per input shapes
+        self.quiet: dict[Any, int] = {}
+        self.steady: dict[Any, tuple[int, int]] = {}
+        self.noisy = False
+
+    def shapes_key(self, ins: list) -> Any:
+        return tuple([t.shape for t in ins]) if self.dynamic else None
+
+    def learn(self, key: Any, quiet: bool, ins: list, extra: tuple[int, int],
+              calls_traced: int | None) -> None:
+        """After a traced call: steady from now on with these shapes, if its last
+        `calls_traced` calls were quiet."""
+        if not quiet or any(type(t) not in _PLAIN_TENSORS for t in ins):
+            self.noisy = True
+            return
+        seen = self.quiet[key] = self.quiet.get(key, 0) + 1
+        if calls_traced is not None and seen >= calls_traced:
+            self.steady[key] = extra
+
+
+class RegionRunner:
+    """Runs one compiled graph as a region of the thread's trace (see the module's text).
+
+    `state_here()`: the calling thread's TraceState; `recorder(state)`: its per-op record
+    step (tracer/perop.py); `sim`: the simulated GPU or None; `calls_traced`: traced calls per
+    input shapes before a quiet region goes steady (None: all)."""
+
+    def __init__(self, region: Region, compiled: Callable, state_here: Callable,
+                 recorder: Callable, sim: Any, calls_traced: int | None) -> None:
+        self.region, self.compiled = region, compiled
+        self.state_here, self.recorder, self.sim = state_here, recorder, sim
+        self.marks = sim.cuda_marks if sim is not None else None
+        self.calls_traced = calls_traced
+        self._records: dict[int, Any] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self.state_here()
+        if state is None or state.suspended:
+            return self.compiled(*args, **kwargs)
+        region, marks = self.region, self.marks
+        region.calls += 1
+        with _DisableTorchFunction():  # the tracer's own reads: not the program's
+            ins = [a for a in args if isinstance(a, Tensor)]
+            if marks is None:
+                dev_in = [t.is_cuda for t in ins]
+            else:
+                dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
+            key = region.shapes_key(ins) if region.dynamic else None
+        extra = region.steady.get(key) if region.steady else None
+        if extra is not None:
+            with _DisableTorchFunction(), _DisableTorchDispatch():
+                t0 = perf_counter_ns()
+                out = self.compiled(*args, **kwargs)
+                host_ns = perf_counter_ns() - t0
+            return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, extra, None)
+        return self._traced(state, args, kwargs, ins, dev_in, key)
+
+    def _traced(self, state: Any, args: tuple, kwargs: dict, ins: list, dev_in: list,
+                key: Any) -> Any:
+        """A call traced op by op."""
+        region, marks = self.region, self.marks
+        region.traced_calls += 1
+        any_dev = True in dev_in
+        calls = state.sites.calls
+        entry = [_getframe(0), UNSET if region.site is None else region.site]
+        calls.append(entry)
+        reads = region.record.host_reads
+        mark = any_dev and marks is not None  # what the region still dispatches may
+        walk = len(reads) > 1  # touch buffers Inductor made on the host (on a GPU,
+        # device memory); a region with several host reads has each at its own line
+        put_back = swap_dispatch(state, entry, reads if walk else None,
+                                 marks.mark_outputs if mark else None,
+                                 self.state_here) if mark or walk else None
+        col, timeline = state.collector, state.timeline
+        seen = col.recorded
+        host0, busy0 = (timeline.host_ns, timeline.busy_ns) if timeline is not None else (0, 0)
+        t0 = perf_counter_ns()
+        try:
+            out = self.compiled(*args, **kwargs)
+        finally:
+            calls.pop()
+            if put_back is not None:
+                put_back()
+        host_ns = perf_counter_ns() - t0
+        if not region.noisy and self.calls_traced is not None:
+            extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
+                     if timeline is not None else (0, 0))
+            region.learn(key, col.recorded == seen, ins, extra, self.calls_traced)
+        return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, None, entry)
+
+    def _finish(self, state: Any, args: tuple, kwargs: dict, ins: list, dev_in: list,
+                out: Any, host_ns: int, extra: tuple[int, int] | None,
+                entry: list | None) -> Any:
+        """Record the region's row: its outputs, on the simulated GPU marked where its inputs
+        are, and, for a steady call (`extra`), the time of the ops inside it."""
+        region, marks = self.region, self.marks
+        any_dev = True in dev_in
+        with _DisableTorchFunction():
+            outs = tensors_out(out)
+            if any_dev and marks is not None:  # the artifact ran on the host: its
+                marks.mark_outputs(outs)  # new outputs live where its inputs do
+            record = self._records.get(id(state))
+            if record is None:
+                record = self._records[id(state)] = self.recorder(state)
+            device = _device_of(ins, dev_in) if any_dev else "cpu"
+            site = region.site
+            if site is None:  # a graph of torch's own code (a compiled nn.Sequential): the
+                if entry is not None and entry[1] is not UNSET:  # caller's line
+                    site = entry[1]
+                else:
+                    site = state.sites.resolve_from(_getframe(2))
+                if region.record.site is None:
+                    region.record.site = site
+            agg = record(region.info, args, kwargs, ins, out, outs, dev_in, any_dev, device,
+                         site, host_ns)
+            timeline = state.timeline
+            if extra is not None and timeline is not None and agg is not None:
+                inside_host, inside_device = extra
+                timeline.host_ns += inside_host
+                timeline.device_ns += inside_device
+                agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
+        return out
