@@ -321,6 +321,17 @@ def test_backward_formulas_read_on_the_host(tmp_path, device):
     """, device)
 
 
+def test_backward_reads_need_no_engine_entry(monkeypatch):
+    """On a torch without `torch.autograd._engine_run_backward` nothing is wrapped (pending
+    reads are then armed by the next forward op with a rule)."""
+    import torch
+    from memcpy_doctor.tracer.backward import engine_patches
+
+    assert [name for _, name, _ in engine_patches(lambda: None)] == ["_engine_run_backward"]
+    monkeypatch.delattr(torch.autograd, "_engine_run_backward")
+    assert engine_patches(lambda: None) == []
+
+
 def test_nn_init_on_the_device(tmp_path, device):
     """Of torch 2.13's nn.init, trunc_normal_ waits once per sampling round (one here: bounds
     no sample passes), sparse_ sends a host index and value per column, dirac_ an element per

@@ -64,10 +64,13 @@ def _reader(state: Any, trigger: str, reads: list[Read]) -> Callable[..., None]:
     return read
 
 
-def engine_patch(state_of: Callable[[], Any]) -> tuple[Any, str, Any]:
+def engine_patches(state_of: Callable[[], Any]) -> list[tuple[Any, str, Any]]:
     """`torch.autograd._engine_run_backward` (what backward() and autograd.grad() call),
-    arming the pending reads of the calling thread's state first."""
-    original = torch.autograd._engine_run_backward
+    arming the pending reads of the calling thread's state first. On a torch without it,
+    none: reads are then armed at the next forward op with a rule only."""
+    original = getattr(torch.autograd, "_engine_run_backward", None)
+    if original is None:
+        return []
 
     def run_backward(*args: Any, **kwargs: Any) -> Any:
         pending = state_of().backward_pending
@@ -76,4 +79,4 @@ def engine_patch(state_of: Callable[[], Any]) -> tuple[Any, str, Any]:
         return original(*args, **kwargs)
 
     dynamo_skip_frame(run_backward.__code__)
-    return torch.autograd, "_engine_run_backward", run_backward
+    return [(torch.autograd, "_engine_run_backward", run_backward)]

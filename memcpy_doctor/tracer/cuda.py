@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.torch_private import default_device_type
-from .backward import engine_patch
+from .backward import engine_patches
 from .cuda_hooks import COPY_OPS, records_waits
 from .optable import OP_INFO, OpInfo, op_info
 from .sim.torchlib import tensors_in_data
@@ -52,7 +52,7 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
                                                  torch.cuda.Stream.synchronize)),
         (torch.cuda.Event, "synchronize", timed("event_synchronize",
                                                 torch.cuda.Event.synchronize)),
-        engine_patch(state_of),
+        *engine_patches(state_of),
     ]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..backward import engine_patch
+from ..backward import engine_patches
 from .marks import CUDA0
 
 
@@ -49,8 +49,9 @@ def torch_patches(sim: Any) -> list[tuple[Any, str, Any]]:
     `serialization`.)"""
     from torch.cuda import nvtx
     return [group_by_device_patch(sim), cudnn_patch(), generator_patch(),
-            engine_patch(lambda: sim.st), (nvtx, "_nvtx", _NoNvtx()),
-            (torch.nn.DataParallel, "scatter", _data_parallel_scatter)]
+            (nvtx, "_nvtx", _NoNvtx()),
+            (torch.nn.DataParallel, "scatter", _data_parallel_scatter),
+            *engine_patches(lambda: sim.st)]
 
 
 def group_by_device_patch(sim: Any) -> tuple[Any, str, Callable[..., Any]]:
