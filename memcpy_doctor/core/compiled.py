@@ -52,7 +52,8 @@ class GraphRecord:
     nodes: int  # ops in Dynamo's graph
     host_reads: list[Site] = field(default_factory=list)  # in-graph .item() and such
     calls: int = 0
-    traced_calls: int = 0  # calls whose ops were traced one by one (the rest: steady)
+    #: calls whose ops were traced one by one (the rest ran untraced inside); None: all
+    traced_calls: int | None = None
 
 
 @dataclass
@@ -96,7 +97,7 @@ class CompileInfo:
                                 nodes=int(g["nodes"]),
                                 host_reads=[_site(s) for s in g.get("host_reads", [])],
                                 calls=int(g.get("calls", 0)),
-                                traced_calls=int(g.get("traced_calls", g.get("calls", 0))))
+                                traced_calls=_count(g.get("traced_calls")))
                     for g in d.get("graphs", [])],
             recompiles=int(d.get("recompiles", 0)),
             graph_breaks=[GraphBreak(site=_site(b.get("site")), reason=str(b["reason"]),
@@ -110,6 +111,10 @@ class CompileInfo:
                           for b in d.get("graph_breaks", [])],
             cudagraph_skips=[str(s) for s in d.get("cudagraph_skips", [])],
             notes=[str(n) for n in d.get("notes", [])])
+
+
+def _count(n: Any) -> int | None:
+    return None if n is None else int(n)
 
 
 def _site(d: Any) -> Site | None:

@@ -210,6 +210,7 @@ class ThreadTimeline(Timeline):
     def __init__(self, main: Timeline) -> None:
         self.main = main
         self.host_ns = main.host_ns
+        self.busy_ns = 0  # the kernels this thread queued
 
     @property  # type: ignore[override]
     def device_ns(self) -> int:

@@ -31,7 +31,8 @@ def compile_lines(info: CompileInfo, copies: list, steps: int | None, cwd: str |
              f"{_plural(len(info.graph_breaks), 'graph break')}, "
              f"{_plural(info.recompiles, 'recompile')}"]
     calls = sum(g.calls for g in info.graphs)
-    untraced = calls - sum(min(g.traced_calls, g.calls) for g in info.graphs)
+    untraced = sum(g.calls - g.traced_calls for g in info.graphs
+                   if g.traced_calls is not None and g.traced_calls < g.calls)
     if untraced:
         lines.append(f"{untraced} of {calls} calls of compiled graphs ran with the ops inside "
                      "untraced: their graph's first calls made no copy or host wait, so these "

@@ -89,10 +89,12 @@ REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
 class Region:
     """One compiled graph: what its calls record, and what its traced calls taught.
 
-    `steady` maps an input-shape key (None for a graph compiled for static shapes, whose
-    guards fix them) to what a steady call adds on the simulated GPU: the modeled (host ns,
-    device ns) of the ops inside, as on the last traced call; `quiet` counts the traced calls
-    per key that made no copy and no wait inside; `noisy` is set by one that did."""
+    `steady` maps a key of the inputs (their shapes, None for a graph compiled for static
+    shapes, whose guards fix them; and whether any is on the device: the simulated GPU's
+    device tensors are host tensors to Dynamo's guards) to what a steady call adds on the
+    simulated GPU: the modeled (host ns, device ns) of the ops inside, as on the last traced
+    call; `quiet` counts the traced calls per key that made no copy and no wait inside;
+    `noisy` is set by one that did."""
 
     __slots__ = ("record", "info", "site", "calls", "breaks_at", "dynamic", "quiet", "steady",
                  "noisy", "traced_calls")
@@ -148,20 +150,24 @@ class RegionRunner:
             return self.compiled(*args, **kwargs)
         region, marks = self.region, self.marks
         region.calls += 1
-        with _DisableTorchFunction():  # the tracer's own reads: not the program's
+        disabled = _DisableTorchFunction()  # the tracer's own reads: not the program's
+        disabled.__enter__()
+        try:
             ins = [a for a in args if isinstance(a, Tensor)]
             if marks is None:
                 dev_in = [t.is_cuda for t in ins]
             else:
                 dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
-            key = region.shapes_key(ins) if region.dynamic else None
-        extra = region.steady.get(key) if region.steady else None
-        if extra is not None:
-            with _DisableTorchFunction(), _DisableTorchDispatch():
-                t0 = perf_counter_ns()
-                out = self.compiled(*args, **kwargs)
-                host_ns = perf_counter_ns() - t0
-            return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, extra, None)
+            key = (region.shapes_key(ins) if region.dynamic else None, True in dev_in)
+            extra = region.steady.get(key) if region.steady else None
+            if extra is not None:  # a steady call: the ops inside untraced
+                with _DisableTorchDispatch():
+                    t0 = perf_counter_ns()
+                    out = self.compiled(*args, **kwargs)
+                    host_ns = perf_counter_ns() - t0
+                return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, extra, None)
+        finally:
+            disabled.__exit__(None, None, None)
         return self._traced(state, args, kwargs, ins, dev_in, key)
 
     def _traced(self, state: Any, args: tuple, kwargs: dict, ins: list, dev_in: list,
@@ -195,37 +201,38 @@ class RegionRunner:
             extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
                      if timeline is not None else (0, 0))
             region.learn(key, col.recorded == seen, ins, extra, self.calls_traced)
-        return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, None, entry)
+        with _DisableTorchFunction():
+            return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, None, entry)
 
     def _finish(self, state: Any, args: tuple, kwargs: dict, ins: list, dev_in: list,
                 out: Any, host_ns: int, extra: tuple[int, int] | None,
                 entry: list | None) -> Any:
-        """Record the region's row: its outputs, on the simulated GPU marked where its inputs
-        are, and, for a steady call (`extra`), the time of the ops inside it."""
+        """Record the region's row (torch function handling off): its outputs, on the
+        simulated GPU marked where its inputs are, and, for a steady call (`extra`), the time
+        of the ops inside it."""
         region, marks = self.region, self.marks
         any_dev = True in dev_in
-        with _DisableTorchFunction():
-            outs = tensors_out(out)
-            if any_dev and marks is not None:  # the artifact ran on the host: its
-                marks.mark_outputs(outs)  # new outputs live where its inputs do
-            record = self._records.get(id(state))
-            if record is None:
-                record = self._records[id(state)] = self.recorder(state)
-            device = _device_of(ins, dev_in) if any_dev else "cpu"
-            site = region.site
-            if site is None:  # a graph of torch's own code (a compiled nn.Sequential): the
-                if entry is not None and entry[1] is not UNSET:  # caller's line
-                    site = entry[1]
-                else:
-                    site = state.sites.resolve_from(_getframe(2))
-                if region.record.site is None:
-                    region.record.site = site
-            agg = record(region.info, args, kwargs, ins, out, outs, dev_in, any_dev, device,
-                         site, host_ns)
-            timeline = state.timeline
-            if extra is not None and timeline is not None and agg is not None:
-                inside_host, inside_device = extra
-                timeline.host_ns += inside_host
-                timeline.device_ns += inside_device
-                agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
+        outs = [out] if isinstance(out, Tensor) else tensors_out(out)
+        if any_dev and marks is not None:  # the artifact ran on the host: its new outputs
+            marks.mark_outputs(outs)  # live where its inputs do
+        record = self._records.get(id(state))
+        if record is None:
+            record = self._records[id(state)] = self.recorder(state)
+        device = _device_of(ins, dev_in) if any_dev else "cpu"
+        site = region.site
+        if site is None:  # a graph of torch's own code (a compiled nn.Sequential): the
+            if entry is not None and entry[1] is not UNSET:  # caller's line
+                site = entry[1]
+            else:
+                site = state.sites.resolve_from(_getframe(2))
+            if region.record.site is None:
+                region.record.site = site
+        agg = record(region.info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site,
+                     host_ns)
+        timeline = state.timeline
+        if extra is not None and timeline is not None and agg is not None:
+            inside_host, inside_device = extra
+            timeline.host_ns += inside_host
+            timeline.device_ns += inside_device
+            agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
         return out
