@@ -287,6 +287,21 @@ def test_linalg_drivers_check_on_the_host(tmp_path, device):
     """, device)
 
 
+def test_backward_reads_keep_no_output_alive(tmp_path):
+    """A forward op whose backward will read leaves its output with the tracer only until the
+    call that made it returns (its autograd node is armed then): a program that drops the
+    output frees it."""
+    check(tmp_path, """
+        import gc, weakref, torch
+        x = torch.tensor([1.0, 0.0, 3.0], device="cuda", requires_grad=True)  # expect: HtoD sync factory
+        y = x.prod()
+        gone = weakref.ref(y)
+        del y
+        gc.collect()
+        assert gone() is None
+    """, "sim")
+
+
 def test_backward_formulas_read_on_the_host(tmp_path, device):
     """The reads of backward formulas that PyTorch skips under a dispatch mode are recorded as
     the program makes them without one, at the backward() line (tracer/backward.py)."""

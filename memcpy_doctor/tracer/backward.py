@@ -11,11 +11,12 @@ makes it: the tracer records the read the program makes.
 
 A forward op with a rule (syncpoints.BACKWARD_RULES) leaves its reads here (`pend`), with
 its output: autograd attaches the op's node to the output only after the dispatch mode
-returns. At the next such op, or when a backward pass starts
-(`torch.autograd._engine_run_backward`, wrapped while tracing), the reads are armed as a
-pre-hook on that node and the output let go (at most one output is held, and the hook keeps
-nothing the node does not); they are recorded each time autograd runs the node, at the
-backward() call's line.
+returns. When the torch call that made it returns to the function mode (tracer/modes.py),
+at the next such op, or when a backward pass starts (`torch.autograd._engine_run_backward`,
+wrapped while tracing), the reads are armed as a pre-hook on that node and the output let go
+(an output is held no longer than the call that made it, and the hook keeps nothing the node
+does not); they are recorded each time autograd runs the node, at the backward() call's
+line.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from torch.compiler import is_dynamo_compiling
 
 from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
                                   dynamo_skip_frame, set_eval_frame)
+from .backward import arm
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim.marks import printed_bytes
 from .cuda import factory_handler
@@ -118,13 +119,11 @@ class FunctionMode(TorchFunctionMode):
 
         def __torch_function__(mode: Any, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
-            if kwargs is None:
-                kwargs = _NO_KWARGS
+            kwargs = _NO_KWARGS if kwargs is None else kwargs
             if state.suspended or is_dynamo_compiling():  # (Dynamo inlines this handler as it
                 return func(*args, **kwargs)  # traces: the call alone, as without a mode)
-            # no eval-frame callback runs the tracer's own code: inside a compiled
-            # function's graph-break code, Dynamo would compile this handler's frame
-            # and the handlers it calls
+            # no eval-frame callback runs the tracer's own code (in a compiled function's
+            # graph-break code, Dynamo would compile this handler and those it calls)
             prior = set_eval_frame(None)
             try:
                 try:
@@ -187,6 +186,8 @@ class FunctionMode(TorchFunctionMode):
             finally:
                 if prior is not None:
                     set_eval_frame(prior)
+                if state.backward_pending:  # the autograd nodes of its ops exist now
+                    arm(state.backward_pending)
 
         return __torch_function__
 
