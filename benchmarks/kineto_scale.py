@@ -7,7 +7,7 @@ for a 35 MB trace of about 100k events in seconds, with memory a small multiple 
 Synthesizes a trace in Kineto's format: training steps of eager ops, each a cpu_op with its
 cudaLaunchKernel and kernel, Python frames (with_stack), and per step an upload with its
 stream sync and a loss.item(). Then reads it as `memcpy-doctor report` does
-(core/kineto.load_any) and prints the file size, events, wall time, and the peak memory:
+(kineto/reader.load_any) and prints the file size, events, wall time, and the peak memory:
 the process's peak RSS over what it held before reading (resource), and the peak of Python
 allocations during the read (tracemalloc, a second read, slower).
 
@@ -32,7 +32,7 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memcpy_doctor.core.kineto import load_any, read_execution_trace  # noqa: E402
+from memcpy_doctor.kineto.reader import load_any, read_execution_trace  # noqa: E402
 
 
 class _Et:

@@ -1,4 +1,4 @@
-"""torch.profiler (Kineto) traces read as memcpy-doctor traces (core/kineto.py): exact figures
+"""torch.profiler (Kineto) traces read as memcpy-doctor traces (kineto/reader.py): exact figures
 from a small hand-written trace in Kineto's format, the CLI on it (by content, .json or
 .json.gz), and, where ../shared/kineto is present, the real A100 traces' own copy counts."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import cli_in_process
-from memcpy_doctor.core.kineto import from_kineto, load_any
+from memcpy_doctor.kineto.reader import from_kineto, load_any
 from memcpy_doctor.core.trace import TraceError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "kineto"

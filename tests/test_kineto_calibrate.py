@@ -1,4 +1,4 @@
-"""`calibrate --from-trace` (run/calibrate_trace.py, core/kineto_timing.py): a hand-written
+"""`calibrate --from-trace` (run/calibrate_trace.py, kineto/timing.py): a hand-written
 torch.profiler trace whose copies lie on lines of round numbers gives those lines back
 exactly; the CLI writes a profile the cost model loads; and, where ../shared/kineto is here,
 the fit to the real A100 alexnet trace holds to what its own large copies show."""

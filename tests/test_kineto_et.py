@@ -1,4 +1,4 @@
-"""Exact producers and consumers from an execution trace (core/kineto_et.py): a hand-written
+"""Exact producers and consumers from an execution trace (kineto/et.py): a hand-written
 torch.profiler trace of a GPU run and its ExecutionTraceObserver file, in both ET layouts,
 where the kernel that ran last on the stream is not the op that made the copied tensor, so the
 figures prove the ET is read; a real ET recorded here on the CPU for the record-function-id
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from helpers import cli_in_process
-from memcpy_doctor.core.kineto import (INFERRED_NOTE, from_kineto, kineto_pid, load_any,
+from memcpy_doctor.kineto.reader import (INFERRED_NOTE, from_kineto, kineto_pid, load_any,
                                        read_execution_trace)
-from memcpy_doctor.core.kineto_et import EtJoin, parse_execution_trace
-from memcpy_doctor.core.kineto_stacks import enclosing
+from memcpy_doctor.kineto.et import EtJoin, parse_execution_trace
+from memcpy_doctor.kineto.stacks import enclosing
 from memcpy_doctor.core.trace import OpRef, Site, TraceError
 
 MODULE, STEP = Site("train.py", 1, "<module>"), Site("train.py", 10, "step")

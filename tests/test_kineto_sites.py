@@ -1,4 +1,4 @@
-"""Sites, producers and consumers of a torch.profiler trace (core/kineto_stacks.py): Python
+"""Sites, producers and consumers of a torch.profiler trace (kineto/stacks.py): Python
 frames of a `with_stack=True` profile name the user's function; the producer is the op whose
 kernel ran last on the copy's stream, the consumer the op around the trigger, both labelled
 inferred; without stacks, explain says a with_stack=True profile would name the lines."""
@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 from memcpy_doctor.analysis.attribution import explain, user_site
-from memcpy_doctor.core.kineto import NO_STACK_NOTE, SITES_NOTE, from_kineto
-from memcpy_doctor.core.kineto_stacks import frame_site
+from memcpy_doctor.core.site import NO_STACK_NOTE
+from memcpy_doctor.kineto.reader import SITES_NOTE, from_kineto
+from memcpy_doctor.kineto.stacks import frame_site
 from memcpy_doctor.core.trace import OpRef, Site
 
 LIB = "/opt/venv/lib/python3.11/site-packages/mylib/loop.py"

@@ -33,14 +33,21 @@ MAX_MODULE_LINES = 500
 MAX_TOP_LEVEL_MODULES = 5
 MAX_TRACER_FUNCTION_LINES = 80
 
-#: What the tracer must never reach: the stages after it, what runs it, and the top-level
-#: package (whose __init__ imports the API, the guards and the renderers).
+#: What the tracer must never reach: the stages after it, what runs it, the other way traces
+#: come in (kineto/), and the top-level package (whose __init__ names the API, the guards and
+#: the renderers).
 TRACER_MUST_NOT_REACH = (f"{PACKAGE}.analysis", f"{PACKAGE}.render", f"{PACKAGE}.guards",
                          f"{PACKAGE}.run", f"{PACKAGE}.cli", f"{PACKAGE}.api",
-                         f"{PACKAGE}.pytest_plugin", PACKAGE)
-#: What analysis must never reach: it works on saved traces, without running anything.
-ANALYSIS_MUST_NOT_REACH = (f"{PACKAGE}.tracer", f"{PACKAGE}.render", f"{PACKAGE}.run",
-                           f"{PACKAGE}.guards", f"{PACKAGE}.cli")
+                         f"{PACKAGE}.pytest_plugin", f"{PACKAGE}.kineto", PACKAGE)
+#: What the readers of torch.profiler traces must never reach: the same, with the tracer in
+#: the kineto stage's place, since reading a trace runs nothing and imports no torch.
+KINETO_MUST_NOT_REACH = (f"{PACKAGE}.analysis", f"{PACKAGE}.render", f"{PACKAGE}.guards",
+                         f"{PACKAGE}.run", f"{PACKAGE}.cli", f"{PACKAGE}.api",
+                         f"{PACKAGE}.pytest_plugin", f"{PACKAGE}.tracer", PACKAGE)
+#: What analysis must never reach: it works on saved traces, without running anything, and
+#: on every trace alike, whichever way it came in.
+ANALYSIS_MUST_NOT_REACH = (f"{PACKAGE}.tracer", f"{PACKAGE}.kineto", f"{PACKAGE}.render",
+                           f"{PACKAGE}.run", f"{PACKAGE}.guards", f"{PACKAGE}.cli")
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -251,6 +258,11 @@ def test_the_tracer_never_reaches_later_stages():
                          "pytest_plugin or the top-level package:\n" + "\n".join(problems)
 
 
+def test_the_kineto_readers_reach_only_core():
+    problems = _layer_violations(f"{PACKAGE}.kineto", KINETO_MUST_NOT_REACH)
+    assert not problems, "kineto/ must import only kineto/ and core/:\n" + "\n".join(problems)
+
+
 def test_core_imports_nothing_outside_core():
     core = f"{PACKAGE}.core"
     graph = import_graph()
@@ -262,7 +274,8 @@ def test_core_imports_nothing_outside_core():
 
 def test_analysis_never_reaches_tracer_render_run_guards_or_cli():
     problems = _layer_violations(f"{PACKAGE}.analysis", ANALYSIS_MUST_NOT_REACH)
-    assert not problems, "analysis/ must not import tracer, render, run, guards or cli:\n" + \
+    assert not problems, ("analysis/ must not import tracer, kineto, render, run, guards or "
+                          "cli:\n") + \
         "\n".join(problems)
 
 

@@ -12,8 +12,8 @@ import linecache
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.kineto import NO_STACK_NOTE
 from ..core.paths import is_user_file
+from ..core.site import NO_STACK_NOTE
 from ..core.trace import CopyRecord, OpRef, Site, Trace
 from .steady import per_step
 

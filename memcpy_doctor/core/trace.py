@@ -56,7 +56,7 @@ class Meta:
     rank: int | None = None
     world_size: int | None = None
     wall_ns: int | None = None  # as traced; in no simulated figure (docs/sim-time.md)
-    imported_from: str | None = None  # a torch.profiler trace's file (core/kineto.py)
+    imported_from: str | None = None  # a torch.profiler trace's file (kineto/reader.py)
 
 
 @dataclass

@@ -29,8 +29,8 @@ from fractions import Fraction
 from typing import Any, Iterable
 
 from ..core.costmodel import DeviceProfile
-from ..core.kineto import is_kineto, read_json
-from ..core.kineto_timing import timings
+from ..kineto.reader import is_kineto, read_json
+from ..kineto.timing import timings
 from ..core.trace import TraceError
 from .calibrate import COPY_PATHS, CalibrationError
 
@@ -106,7 +106,7 @@ def fit_path(path: str, records: list[dict[str, Any]], base: DeviceProfile) -> F
 
 
 def trace_timings(paths: list[str]) -> dict[str, Any]:
-    """The timings of the torch.profiler traces at `paths`, pooled (kineto_timing.timings);
+    """The timings of the torch.profiler traces at `paths`, pooled (kineto/timing.py);
     CalibrationError when one is unreadable, not a torch.profiler trace, from another device
     than the others, or when none holds a copy to fit."""
     pooled: dict[str, Any] = {"device": {}, "sources": list(paths)}

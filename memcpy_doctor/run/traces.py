@@ -7,7 +7,7 @@ user can fix on the command line, so it is raised as InputError, whose message i
 line the CLI prints after `memcpy-doctor: error:`. Nothing here prints.
 
 `--execution-trace ET` (repeatable) gives one ExecutionTraceObserver file per torch.profiler
-trace among the arguments, for exact producers (core/kineto_et.py). Each torch.profiler trace
+trace among the arguments, for exact producers (kineto/et.py). Each torch.profiler trace
 takes the ET recorded by the same process: the one whose `pid` is that of the trace's ops,
 when exactly one is; otherwise the ETs go with the torch.profiler traces in the order both
 are given (`diff`: BEFORE's, then AFTER's). A pair that is not of one run is refused when the
@@ -16,7 +16,7 @@ two are joined.
 
 from __future__ import annotations
 
-from ..core.kineto import (is_kineto, is_kineto_file, kineto_pid, kineto_trace, load_any,
+from ..kineto.reader import (is_kineto, is_kineto_file, kineto_pid, kineto_trace, load_any,
                            read_execution_trace, read_json)
 from ..core.trace import Trace, TraceError
 from .rankenv import RankError, expand_traces

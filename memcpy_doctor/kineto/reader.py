@@ -15,12 +15,12 @@ What maps, and from where (docs/kineto.md has the table):
 - the Event Summary: each `cpu_op` name, its host time, and the device time of the kernels
   and copies launched inside it (by correlation);
 - the total: the span of the trace's events;
-- sites (kineto_stacks.py): the Python frames around the call, when the profile was recorded
+- sites (stacks.py): the Python frames around the call, when the profile was recorded
   with `with_stack=True`; a frame names its function's first line, not the line in it;
 - producer and consumer, inferred: the op whose kernel ran last on the copy's stream before
   it (device data), and the op around the trigger (`aten::index` around `aten::nonzero`) or,
   for an upload, the op whose kernel ran next on the stream;
-- producer and consumer, exact (kineto_et.py): given an execution trace of the same run, the
+- producer and consumer, exact (et.py): given an execution trace of the same run, the
   op that wrote the copied tensor and the op that read the copy, by tensor ids; the copies
   it does not cover keep the inferred ones.
 Not mapped: one trace per rank of a file holding several ranks (torch.profiler writes one
@@ -35,10 +35,11 @@ import zlib
 from collections import Counter, defaultdict
 from typing import Any
 
-from .kineto_et import EtJoin, ExecutionTrace, parse_execution_trace
-from .kineto_stacks import Streams, enclosing, inferred_ref
-from .summary import summarize
-from .trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
+from .et import EtJoin, ExecutionTrace, parse_execution_trace
+from .stacks import Streams, enclosing, inferred_ref
+from ..core.site import NO_STACK_NOTE
+from ..core.summary import summarize
+from ..core.trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
                     copy_event_name)
 
 #: "Memcpy HtoD (Pageable -> Device)": direction, and whether the host side is pinned.
@@ -49,8 +50,6 @@ _SCALAR_READ = "aten::_local_scalar_dense"
 #: What an imported trace cannot tell, as the report's "Not traced" line says it.
 INFERRED_NOTE = ("producers and consumers are inferred (the kernel that ran before or after "
                  "the copy on its stream; the op around its trigger), not read from tensor ids")
-NO_STACK_NOTE = ("call sites: the profile has no Python stacks; a torch.profiler profile "
-                 "recorded with with_stack=True would name the lines")
 SITES_NOTE = ("call sites name the function that made each copy, at its first line "
               "(torch.profiler records Python functions, not lines)")
 #: Enclosing ops that name a copy's trigger, outermost meaning first.

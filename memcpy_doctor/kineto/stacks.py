@@ -2,7 +2,7 @@
 it, and the Python frames around it when the profile was recorded with `with_stack=True`;
 and, per stream, which kernel ran just before or after a copy.
 
-Kept apart from core/kineto.py, which maps copies, so that each stays small; both are pure
+Kept apart from kineto/reader.py, which maps copies, so that each stays small; both are pure
 functions over the parsed events.
 
 Python frames. torch.profiler writes each Python call as a `python_function` event named
@@ -24,8 +24,8 @@ from collections import defaultdict
 from functools import lru_cache
 from typing import Any
 
-from .paths import is_user_file
-from .trace import OpRef, Site
+from ..core.paths import is_user_file
+from ..core.trace import OpRef, Site
 
 #: "train.py(12): step": a Python frame; builtins ("<built-in method item ...>") and module
 #: markers ("nn.Module: Linear_0") do not match and are not frames of code.
@@ -41,7 +41,7 @@ class Enclosing:
     """For each runtime call (by `id()` of its event): the cpu_ops enclosing it, outermost
     first, and its Python frames as sites, innermost first (empty without `with_stack`).
     With `op_frames`, also each cpu_op's frames (`op_sites`), for the ops an execution trace
-    names as producers (core/kineto_et.py)."""
+    names as producers (kineto/et.py)."""
 
     __slots__ = ("ops", "frames", "has_python", "_op_chains")
 

@@ -26,7 +26,7 @@ from collections import Counter
 from itertools import accumulate
 from typing import Any
 
-from .kineto_stacks import enclosing
+from .stacks import enclosing
 
 _SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")

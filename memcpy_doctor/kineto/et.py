@@ -2,7 +2,7 @@
 execution trace of the same run (`torch.profiler.ExecutionTraceObserver`'s JSON, "ET").
 
 A Kineto trace says which kernel ran before a copy on its stream, not which tensor the copy
-read, so core/kineto.py can only guess a copy's producer. The ET records every op's input and
+read, so kineto/reader.py can only guess a copy's producer. The ET records every op's input and
 output tensors by id; joined to the Kineto trace, it says which op made the copied data:
 
 - the join: each ET node's `rf_id` attribute is the RecordFunction handle, which the Kineto
@@ -37,8 +37,8 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from typing import Any
 
-from .kineto_stacks import Enclosing, user_frame
-from .trace import OpRef, TraceError
+from .stacks import Enclosing, user_frame
+from ..core.trace import OpRef, TraceError
 
 #: A tensor in an ET: (tensor id, storage id, on the host).
 Tensor = tuple[int, int, bool]
