@@ -18,31 +18,32 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
 from .analysis.gates import GateError
 from .core import __version__
-from .core.defaults import (DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEFAULT_TRACE_PATH,
-                            DEFAULT_TRANSFER_LOG, DEVICE_CHOICES, EXIT_GATE_FAILED, EXIT_USAGE,
-                            REGION_CALLS_TRACED, SORT_KEYS)
+from .core.defaults import (DEFAULT_CALIBRATED_PROFILE, DEFAULT_DEVICE, DEFAULT_SORT_KEY,
+                            DEFAULT_TRACE_PATH, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES,
+                            EXIT_GATE_FAILED, EXIT_USAGE, REGION_CALLS_TRACED, SORT_KEYS)
 from .kineto.reader import is_kineto_file
 from .core.trace import Trace
 from .core.units import parse_bytes
 from .render.explain import FORMATS as EXPLAIN_FORMATS, render_explain, render_logs
 from .render.text import render_reports
-from .run import calibrate as calib
-from .run.apply import LineEdit
 from .run.config import GateConfig, load_config, merge
 from .run.gating import CHECK_FORMATS, gate_traces
-from .run.profile import (ProfileOptions, ProfilePlan, prepare_profile, run_profile, this_rank,
-                          write_report_and_trace, write_timeline)
-from .run.ranks import diff_traces, explain_traces, profile_ranks
 from .run.rankenv import rank_path
-from .run.runner import RunResult, format_exception
 from .run.traces import InputError, load_all, load_traces, write_text
-from .run.verify import verify
+
+if TYPE_CHECKING:
+    from .run.profile import ProfilePlan
+    from .run.runner import RunResult
+
+# What runs a script (run/profile.py, runner.py, apply.py, ranks.py, verify.py) and what
+# measures a GPU (run/calibrate.py) is imported by the command that needs it, not here: a
+# command that reads a saved trace then loads only what it uses, in a tenth of a second.
 
 
 class UsageProblem(click.UsageError):
@@ -185,6 +186,7 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
 
     Under torchrun (RANK and WORLD_SIZE set) or with --ranks N, each rank writes its own
     trace, the rank before the extension: -o trace.json gives trace.rank0.json, ..."""
+    from .run.profile import ProfileOptions, prepare_profile, this_rank
     options = ProfileOptions(script, args, device, device_profile, output, sort, log_transfers,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
                              gate_format=gate_format, compiled_calls_traced=compiled_calls)
@@ -207,6 +209,10 @@ def _profile_here(plan: ProfilePlan) -> int:
     the --apply edits that found no statement, the report, where the trace and timeline went
     and the gate result. Returns the exit status: the script's, or 2 when the trace could
     not be written."""
+    from .run.apply import LineEdit
+    from .run.profile import run_profile, write_report_and_trace, write_timeline
+    from .run.runner import format_exception
+
     def on_hard_exit(hard: RunResult) -> None:
         """The script called os._exit or got SIGTERM or SIGHUP: the process ends as soon as
         this returns, so write the report and trace now, with what the script already
@@ -236,6 +242,7 @@ def _profile_here(plan: ProfilePlan) -> int:
 def _profile_ranks(plan: ProfilePlan, n: int) -> int:
     """`profile --ranks N`: run the ranks, then print each rank's report, the ranks side by
     side, and the gates of each. Returns the exit status."""
+    from .run.ranks import profile_ranks
     run = profile_ranks(plan, n)
     sys.stdout.flush()
     for message in run.messages:
@@ -286,6 +293,7 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
     with _usage_errors():
         cwd = os.getcwd()
         if verify_script is not None:
+            from .run.verify import verify
             if execution_traces:
                 raise UsageProblem("--execution-trace goes with torch.profiler TRACES, not "
                                    "--verify (which profiles SCRIPT itself)")
@@ -301,6 +309,7 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
             budget = parse_bytes(device_memory) if device_memory is not None else None
         except ValueError as e:
             raise UsageProblem(f"--device-memory: {e}") from None
+        from .run.ranks import explain_traces
         click.echo(explain_traces(loaded, names, fmt, cwd, budget), nl=False)
 
 
@@ -316,6 +325,7 @@ def diff(before: str, after: str, execution_traces: tuple[str, ...]) -> None:
     name given to `profile -o`): each rank is compared with the same rank, then all ranks
     merged, and a side whose ranks make different sync copies is flagged. With
     --execution-trace, the ETs go with BEFORE's torch.profiler traces, then AFTER's."""
+    from .run.ranks import diff_traces
     with _usage_errors():
         click.echo(diff_traces(before, after, os.getcwd(), execution_traces))
 
@@ -379,7 +389,7 @@ def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, conf
 
 @cli.command()
 @click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("-o", "--output", metavar="FILE", default=calib.DEFAULT_CALIBRATED_PROFILE,
+@click.option("-o", "--output", metavar="FILE", default=DEFAULT_CALIBRATED_PROFILE,
               show_default=True, help="Where to write the measured device profile (JSON).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats (seconds, not a minute).")
 @click.option("--measurements", metavar="FILE", default=None,
@@ -397,6 +407,7 @@ def calibrate(traces: tuple[str, ...], output: str, quick: bool, measurements: s
     (.json or .json.gz, one GPU's) instead (docs/calibrate.md)."""
     import json
     from .core.costmodel import load_profile
+    from .run import calibrate as calib
     if traces and not from_trace:
         raise UsageProblem(f"calibrate: got {traces[0]}: give --from-trace to fit traces")
     if from_trace and not traces:

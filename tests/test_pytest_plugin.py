@@ -14,7 +14,10 @@ import torch
 import torch._dynamo  # noqa: F401  (see below)
 from click.testing import CliRunner
 
-from memcpy_doctor import pytest_plugin  # imported once here, not anew by each pytester run
+from memcpy_doctor import api, pytest_plugin  # noqa: F401  imported once here, not anew by
+# each pytester run: the plugin makes its Profile class once, from memcpy_doctor.api, and
+# `import memcpy_doctor` no longer imports the api (issue 33), so a run that imported it first
+# would drop it and the next would compare against another Profile class.
 # torch._dynamo, which the tracer's first start imports, registers an operator library once
 # per process; pytester's in-process runs drop modules imported inside them, and a second
 # import then fails ("Only a single TORCH_LIBRARY ..."). Imported here, it outlives the runs

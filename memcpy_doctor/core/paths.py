@@ -7,17 +7,28 @@ tracebacks and its signal handling.
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import os
 import re
 import sysconfig
 import tempfile
 from typing import Any
 
-import torch
+
+def _torch_dir() -> str:
+    """torch's package directory, found as `import torch` would find it but without
+    importing it (seconds and hundreds of MB that reading a saved trace does not need);
+    where torch is not installed, a directory no file lies in."""
+    spec = importlib.util.find_spec("torch")
+    origin = spec.origin if spec is not None else None
+    if not origin:
+        return os.path.join(os.sep, "<torch not installed>") + os.sep
+    return os.path.dirname(os.path.abspath(origin)) + os.sep
+
 
 #: This package's directory and torch's, each with a trailing separator.
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+TORCH_DIR = _torch_dir()
 #: Where this interpreter's standard library and installed packages live.
 _INSTALLED_DIRS = tuple(sorted({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
                                 for k in ("stdlib", "platstdlib", "purelib", "platlib")}))

@@ -7,9 +7,10 @@ flow arrows from the op that made a tensor to its copy and on to the op that rea
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..tracer.chrome import ChromeLog
+if TYPE_CHECKING:  # the log comes from a run, which has imported the tracer and torch
+    from ..tracer.chrome import ChromeLog
 
 HOST, DEVICE = 0, 1
 KERNELS, COPIES = 0, 1

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
 from ..analysis.compare import Comparison, Figure
 from ..core.paths import format_site
 
@@ -51,6 +49,7 @@ def _why(before: tuple | None, after: tuple | None):
 
 def render_diff(c: Comparison, before_name: str, after_name: str,
                 cwd: str | None = None) -> str:
+    from tabulate import tabulate  # here, not at the top: its import alone costs 20 ms
     lines = [f"Before: {before_name}", f"After:  {after_name}"]
     if any(c.simulated):
         lines.append("Times are modeled (simulated GPU)" if all(c.simulated)

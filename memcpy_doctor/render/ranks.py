@@ -7,8 +7,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tabulate import tabulate
-
 from ..analysis.compare import Comparison
 from ..analysis.ranks import RankComparison, RankDifference, RankFigures
 from ..core.paths import format_site
@@ -60,6 +58,7 @@ _HEADERS = ["Rank", "Trace", "Total (ms)", "Memcpy calls", "Memcpy (ms)", "Sync 
 
 
 def _difference_lines(comp: RankComparison, d: RankDifference, cwd: str | None) -> list[str]:
+    from tabulate import tabulate  # where a table is drawn (see render/diff.py)
     reference = _group_label(comp, comp.groups[0])
     rows = [[f"{p.direction} {p.trigger}", format_site(p.site, cwd), str(p.calls),
              str(p.reference_calls)] for p in d.paths]
@@ -72,6 +71,7 @@ def _difference_lines(comp: RankComparison, d: RankDifference, cwd: str | None) 
 
 def render_ranks_text(comp: RankComparison, names: list[str], cwd: str | None = None) -> str:
     """The per-rank table (with the merged figures as `all`) and the differing ranks."""
+    from tabulate import tabulate  # where a table is drawn (see render/diff.py)
     simulated = comp.merged.meta.simulated
     lines = [f"Ranks: {len(comp.ranks)} traces"
              + ("; times are modeled (simulated GPU)" if simulated else ""),

@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..core.costmodel import ProfileError
 from ..core.defaults import CHROME_EVENTS, REGION_CALLS_TRACED
 from ..core.trace import Trace
 from ..render.chrome import render_chrome
 from ..render.text import render_text
-from ..tracer import Tracer
 from .apply import ApplyError, Edit, load_edits
 from .config import GateConfig
 from .gating import check_formats, rank_baseline
 from .rankenv import RankError, RankInfo, path_for, rank_info
 from .runner import RunResult, run_script
 from .traces import InputError, load_trace, load_traces, write_text
+
+if TYPE_CHECKING:
+    from ..tracer import Tracer
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
     chrome_trace = options.chrome_trace
     if chrome_trace:
         chrome_trace = path_for(chrome_trace, rank)
+    from ..tracer import Tracer  # torch is imported here, when a run is about to start
     try:
         tracer = Tracer(device=options.device, profile=options.device_profile,
                         command=["memcpy-doctor", "profile", options.script, *options.args],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..analysis.attribution import explain
 from ..analysis.compare import compare
@@ -25,9 +26,11 @@ from ..render.explain import render_explain
 from ..render.ranks import (DiffSide, render_diff_ranks, render_explain_ranks, render_ranks_text)
 from ..render.text import render_text
 from .launch import RankExit, launch, worst_status
-from .profile import ProfilePlan
 from .rankenv import rank_path
 from .traces import InputError, load_trace_groups
+
+if TYPE_CHECKING:  # profile_ranks is given the plan; what makes one is not needed here
+    from .profile import ProfilePlan
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ import traceback
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
-
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .apply import Edit, apply_edits
 from ..core.defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS,
@@ -38,7 +37,9 @@ from ..core.defaults import (EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, HANDLED_SIGNALS
 from .rankenv import RankInfo
 from ..core.paths import is_package_file, is_torch_file
 from ..core.trace import Trace
-from ..tracer import Tracer
+
+if TYPE_CHECKING:  # the caller makes the tracer, and with it imports torch
+    from ..tracer import Tracer
 
 #: os._exit as Python has it, before _hard_exit_hook replaces it during a run.
 _REAL_EXIT = os._exit
