@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -306,3 +307,36 @@ def test_torch_compile_runs_compiled_and_its_region_is_traced():
     ops = {o.op for o in prof.trace.ops if o.device == "cuda:0"}  # fused: no op one by one
     assert ops == {"Torch-Compiled Region: 0/0"}
     assert [c.trigger for c in prof.trace.copies if c.direction == "DtoH"] == ["float"]
+
+
+def test_sync_debug_mode_warns_and_raises_where_a_gpu_would():
+    """torch.cuda.set_sync_debug_mode on the simulated GPU: a sync copy (item, a blocking
+    .to to the host, a blocking .to to the device) and Stream.synchronize warn or raise as
+    c10's memcpy_and_sync and stream_synchronize do; an async copy, copy_ into pageable
+    memory with non_blocking=True (cudaMemcpyAsync: no warning on a GPU either) and
+    torch.cuda.synchronize do not."""
+    with memcpy_doctor.profiler(device="sim"):
+        x = torch.ones(4, device="cuda")
+        assert torch.cuda.get_sync_debug_mode() == 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x.sum().item()  # default mode: silent
+            torch.cuda.set_sync_debug_mode("warn")
+            assert torch.cuda.get_sync_debug_mode() == 1
+            x.sum().item()
+            x.cpu()
+            torch.ones(2).to("cuda")
+            torch.cuda.Stream().synchronize()
+            x.to("cpu", non_blocking=True)
+            torch.ones(2).to("cuda", non_blocking=True)
+            torch.empty(4).copy_(x, non_blocking=True)
+            torch.cuda.synchronize()
+        assert [(w.category, str(w.message)) for w in caught] == [
+            (UserWarning, "called a synchronizing CUDA operation")] * 4
+        torch.cuda.set_sync_debug_mode(2)
+        with pytest.raises(RuntimeError, match="^called a synchronizing CUDA operation$"):
+            x.sum().item()
+        with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+            torch.cuda.set_sync_debug_mode("loud")
+        torch.cuda.set_sync_debug_mode("default")
+        x.sum().item()

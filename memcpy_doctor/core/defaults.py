@@ -77,6 +77,12 @@ REPORT_SYNC_SITES = 20
 PRINT_THRESHOLD = 1000
 PRINT_EDGEITEMS = 3
 
+#: The warning PyTorch's sync-debug mode raises at each sync it sees
+#: (`torch.cuda.set_sync_debug_mode("warn")`, c10/cuda/CUDAFunctions.cpp
+#: `warn_or_error_on_sync`; TORCH_WARN adds " (Triggered internally at ...)"), which the
+#: simulated GPU raises too.
+SYNC_DEBUG_WARNING = "called a synchronizing CUDA operation"
+
 #: Exit status for usage errors (click's own convention) and for an interrupted run.
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 1

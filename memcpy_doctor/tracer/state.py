@@ -277,6 +277,8 @@ class TraceState:
         """A copy the host waits for, made inside an op or a Python call: modeled on the
         simulated GPU, `measured_ns` on a real one."""
         if self.timeline is not None:
+            if self.sim.sync_debug:
+                self.sim.synced()
             device_ns = self.profile.copy_ns(direction, nbytes, False)
             host_ns = self.timeline.blocking(0, device_ns, self.profile.sync_ns)
         else:

@@ -8,12 +8,14 @@ answer from the marks.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from threading import get_ident
 from typing import Any, Callable, Iterator
 
 import torch
 
+from ...core.defaults import SYNC_DEBUG_WARNING
 from ...core.torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
 from ..optable import DATA_FACTORIES
 from .marks import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
@@ -78,6 +80,8 @@ class SimDevice:
     def __init__(self, state_factory: Callable[[SimDevice], TraceState]) -> None:
         self.cuda_marks = StorageMarks()
         self.pinned_marks = StorageMarks()
+        #: torch.cuda.set_sync_debug_mode's level on this device: 0 default, 1 warn, 2 error
+        self.sync_debug = 0
         self.main_state = state_factory(self)
         #: the states of other traced threads, by thread ident (see Tracer.thread_modes)
         self.thread_states: dict[int, TraceState] = {}
@@ -156,6 +160,26 @@ class SimDevice:
 
     def host_wait(self, kind: str) -> None:
         self.st.host_wait(kind)
+
+    # ----- sync-debug mode -----
+    def set_sync_debug_mode(self, debug_mode: int | str) -> None:
+        """torch.cuda.set_sync_debug_mode, as PyTorch parses its argument."""
+        if isinstance(debug_mode, str):
+            levels = {"default": 0, "warn": 1, "error": 2}
+            if debug_mode not in levels:
+                raise RuntimeError("invalid value of debug_mode, expected one of `default`, "
+                                   "`warn`, `error`")
+            debug_mode = levels[debug_mode]
+        self.sync_debug = int(debug_mode)
+
+    def synced(self) -> None:
+        """A sync that PyTorch's sync-debug mode flags on a GPU (memcpy_and_sync and
+        stream_synchronize call warn_or_error_on_sync): warn or raise as it would, so that a
+        program, and `profile --light`, see the same on the simulated GPU."""
+        if self.sync_debug == 1:
+            warnings.warn(SYNC_DEBUG_WARNING, UserWarning, stacklevel=2)
+        elif self.sync_debug > 1:
+            raise RuntimeError(SYNC_DEBUG_WARNING)
 
     @contextmanager
     def suspended(self) -> Iterator[None]:
@@ -291,13 +315,16 @@ class SimDevice:
         return out
 
     def _record(self, direction: str, non_blocking: bool, pinned: bool, trigger: str,
-                src: Tensor | None, dst: Tensor, site: Any) -> None:
+                src: Tensor | None, dst: Tensor, site: Any, quiet: bool = False) -> None:
+        """`quiet`: a sync that sync-debug mode does not flag on a GPU (see `_copy_`)."""
         st, profile, tl = self.st, self.st.profile, self.st.timeline
         nbytes = dst.nbytes
         if nbytes == 0:  # torch skips the memcpy of an empty tensor
             return
         device_ns = profile.copy_ns(direction, nbytes, pinned)
         if not non_blocking:
+            if self.sync_debug and not quiet:
+                self.synced()
             sync, host_ns = True, tl.blocking(profile.launch_ns, device_ns, profile.sync_ns)
         elif pinned:
             sync, host_ns = False, tl.enqueue(profile.launch_ns, device_ns)
@@ -318,12 +345,14 @@ class SimDevice:
         site = st.sites.resolve()
         with self.suspended():
             func(dst, src, non_blocking)
+        asked = non_blocking
         if self.on_device(dst):
             direction, pinned = "HtoD", self.pinned_marks.has(_storage(src))
         else:
             direction, pinned = "DtoH", self.pinned_marks.has(_storage(dst))
             non_blocking = non_blocking and pinned  # into pageable memory the host waits
-        self._record(direction, non_blocking, pinned, "copy_", src, dst, site)
+        # (PyTorch's non_blocking path, cudaMemcpyAsync, never calls warn_or_error_on_sync)
+        self._record(direction, non_blocking, pinned, "copy_", src, dst, site, quiet=asked)
         return dst
 
     def pin_tensor(self, t: Tensor) -> Tensor:

@@ -205,6 +205,8 @@ class SimStream(torch.Stream):
     def synchronize(self) -> None:
         sim = _ACTIVE.get("sim")
         if sim:
+            if sim.sync_debug:  # CUDAStream::synchronize is c10's stream_synchronize
+                sim.synced()
             sim.host_wait("stream_synchronize")
 
     def wait_stream(self, stream: Any) -> None:
@@ -311,6 +313,8 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
         "get_device_capability": lambda device=None: tuple(profile.compute_capability),
         "is_bf16_supported": lambda including_emulation=True: True,
         "synchronize": lambda device=None: sim.host_wait("synchronize"),
+        "set_sync_debug_mode": sim.set_sync_debug_mode,
+        "get_sync_debug_mode": lambda: sim.sync_debug,
         "memory_allocated": memory_allocated,
         "max_memory_allocated": max_memory_allocated,
         "memory_reserved": memory_allocated,
