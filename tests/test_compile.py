@@ -47,6 +47,24 @@ ITEM_LOOP = textwrap.dedent("""\
     """)
 
 
+#: A fullgraph program whose in-graph read sizes a tensor (`u0 = buf0.item()`, line 5),
+#: called `calls` times.
+IN_GRAPH_READ = textwrap.dedent("""\
+    import torch
+    torch._dynamo.config.capture_scalar_outputs = True
+    @torch.compile(fullgraph=True)
+    def step(x):
+        n = (x > 0).sum().item()
+        torch._check_is_size(n)
+        return torch.zeros(n, device=x.device) + x.mean()
+    x = torch.arange(-3.0, 7.0, device="cuda")
+    for i in range({calls}):
+        out = step(x)
+    where = str(out.device)
+    torch._dynamo.config.capture_scalar_outputs = False
+    """)
+
+
 def run_program(tmp_path, source: str, name: str = "prog.py",
                 device: str = "sim", **tracer_options) -> tuple[Trace, str, dict]:
     """Run `source` as a script under a tracer (the simulated GPU unless `device` says
@@ -105,20 +123,7 @@ def test_read_fused_by_inductor_makes_no_sync(tmp_path):
 
 
 def test_in_graph_read_is_at_the_user_line_not_the_def_line(tmp_path):
-    trace, path, scope = run_program(tmp_path, """\
-        import torch
-        torch._dynamo.config.capture_scalar_outputs = True
-        @torch.compile(fullgraph=True)
-        def step(x):
-            n = (x > 0).sum().item()
-            torch._check_is_size(n)
-            return torch.zeros(n, device=x.device) + x.mean()
-        x = torch.arange(-3.0, 7.0, device="cuda")
-        for i in range(4):
-            out = step(x)
-        where = str(out.device)
-        torch._dynamo.config.capture_scalar_outputs = False
-        """)
+    trace, path, scope = run_program(tmp_path, IN_GRAPH_READ.format(calls=4))
     assert tuple(scope["out"].shape) == (6,) and scope["where"] == "cuda:0"
     assert syncs(trace) == [("DtoH", "item", 5, 4)]
     assert trace.compile.graph_breaks == []
@@ -532,19 +537,7 @@ def test_a_quiet_graph_runs_steady_after_its_first_calls_with_the_same_modeled_t
 def test_a_graph_whose_traced_calls_copy_stays_traced(tmp_path):
     """A graph with a sync inside (an in-graph read that sizes a tensor) never runs steady:
     each call's sync is recorded."""
-    trace, _, _ = run_program(tmp_path, """\
-        import torch
-        torch._dynamo.config.capture_scalar_outputs = True
-        @torch.compile(fullgraph=True)
-        def step(x):
-            n = (x > 0).sum().item()
-            torch._check_is_size(n)
-            return torch.zeros(n, device=x.device) + x.mean()
-        x = torch.arange(-3.0, 7.0, device="cuda")
-        for i in range(8):
-            out = step(x)
-        torch._dynamo.config.capture_scalar_outputs = False
-        """)
+    trace, _, _ = run_program(tmp_path, IN_GRAPH_READ.format(calls=8))
     assert syncs(trace) == [("DtoH", "item", 5, 8)]
     [graph] = trace.compile.graphs
     assert (graph.traced_calls, graph.calls) == (8, 8)
