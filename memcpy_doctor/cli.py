@@ -163,6 +163,10 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
               help="Trace the ops inside a torch.compile'd graph on its first N calls (per "
                    "input shapes); a graph that made no copy or host wait in them runs its "
                    "later calls untraced inside, timed as one region. all: every call.")
+@click.option("--light", is_flag=True,
+              help="Syncs only, each at its line, from PyTorch's sync-debug mode: no mode "
+                   "and nothing per op, for real GPUs (docs: README, Light mode). Needs a "
+                   "CUDA GPU, or --device sim.")
 @click.option("--gate", is_flag=True,
               help="Check the trace after the run (with --max/--baseline/--allow or "
                    "[tool.memcpy-doctor]); exit 1 if a gate fails.")
@@ -178,7 +182,7 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
             log_transfers: int, apply_path: str | None, chrome_trace: str | None,
-            compiled_calls: int | None, gate: bool, limits, baseline,
+            compiled_calls: int | None, light: bool, gate: bool, limits, baseline,
             tolerances, allow, config_path, gate_format: str, ranks: int | None,
             no_report: bool, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
@@ -189,7 +193,8 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     from .run.profile import ProfileOptions, prepare_profile, this_rank
     options = ProfileOptions(script, args, device, device_profile, output, sort, log_transfers,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
-                             gate_format=gate_format, compiled_calls_traced=compiled_calls)
+                             gate_format=gate_format, compiled_calls_traced=compiled_calls,
+                             light=light)
     with _usage_errors():
         rank = this_rank(ranks)
         config = None

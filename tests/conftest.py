@@ -1,4 +1,5 @@
-"""Shared fixtures. Every test fails if it leaves a tracer, a torch mode or a patch behind."""
+"""Shared fixtures. Every test fails if it leaves a tracer (full or light), a torch mode, a
+patch or light mode's warnings filter behind."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ pytest.register_assert_rewrite("triggers_util", "helpers")
 
 import torch  # noqa: E402
 
+import warnings  # noqa: E402
+
 from memcpy_doctor.tracer import active_tracer  # noqa: E402
+from memcpy_doctor.tracer.light import LightHooks  # noqa: E402
 
 _ORIGINAL_CUDA = {name: getattr(torch.cuda, name) for name in
                   ("is_available", "synchronize", "device_count", "Stream", "Event")}
+#: What light mode wraps (tracer/light.py), beside torch.cuda.synchronize above.
+_ORIGINAL_METHODS = [(torch.cuda.Stream, "synchronize"), (torch.cuda.Event, "synchronize")]
+_ORIGINAL_METHODS = {(cls, name): vars(cls)[name] for cls, name in _ORIGINAL_METHODS}
 _ORIGINAL_GROUPING = torch._C._group_tensors_by_device_and_dtype
 _ORIGINAL_SERIALIZERS = list(torch.serialization._package_registry)
 
@@ -52,6 +59,21 @@ def no_tracer_left_behind():
         if getattr(torch.cuda, name) is not original:
             problems.append(f"torch.cuda.{name} is still patched")
             setattr(torch.cuda, name, original)
+    for (cls, name), original in _ORIGINAL_METHODS.items():
+        if vars(cls)[name] is not original:
+            problems.append(f"{cls.__name__}.{name} is still patched")
+            setattr(cls, name, original)
+    if "copy_" in vars(torch.Tensor):
+        problems.append("torch.Tensor.copy_ is still patched")
+        del torch.Tensor.copy_
+    ours = [f for f in warnings.filters if LightHooks.owns(f)]
+    if ours:
+        problems.append("light mode's warnings filter is still installed")
+        warnings.filters[:] = [f for f in warnings.filters if not LightHooks.owns(f)]
+        warnings._filters_mutated()
+    if torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() != 0:
+        problems.append("CUDA sync-debug mode is still armed")
+        torch.cuda.set_sync_debug_mode(0)
     if torch._C._group_tensors_by_device_and_dtype is not _ORIGINAL_GROUPING:
         problems.append("torch._C._group_tensors_by_device_and_dtype is still patched")
         torch._C._group_tensors_by_device_and_dtype = _ORIGINAL_GROUPING

@@ -93,3 +93,16 @@ def removed_copies(c: Comparison) -> list[PathChange]:
     return [p for p in c.sync_paths if p.after_calls < p.before_calls]
 
 
+
+
+def sync_sites(trace: Trace) -> dict[tuple[Site | None, str | None], int]:
+    """Calls of every host sync (a sync copy or a wait) per (site, thread), whatever kind the
+    trace gives it: what `profile --light` and the full tracer must agree on, since light
+    mode knows a sync's line but not always its direction or trigger."""
+    out: dict[tuple[Site | None, str | None], int] = {}
+    for c in trace.copies:
+        if c.sync:
+            out[(c.site, c.thread)] = out.get((c.site, c.thread), 0) + c.calls
+    for w in trace.waits:
+        out[(w.site, w.thread)] = out.get((w.site, w.thread), 0) + w.calls
+    return out

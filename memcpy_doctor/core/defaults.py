@@ -80,8 +80,11 @@ PRINT_EDGEITEMS = 3
 #: The warning PyTorch's sync-debug mode raises at each sync it sees
 #: (`torch.cuda.set_sync_debug_mode("warn")`, c10/cuda/CUDAFunctions.cpp
 #: `warn_or_error_on_sync`; TORCH_WARN adds " (Triggered internally at ...)"), which the
-#: simulated GPU raises too.
+#: simulated GPU raises too; `profile --light` counts the syncs by it.
 SYNC_DEBUG_WARNING = "called a synchronizing CUDA operation"
+#: The trigger of a sync that `profile --light` found by that warning (its direction and size
+#: unknown).
+LIGHT_SYNC_TRIGGER = "sync_debug"
 
 #: Exit status for usage errors (click's own convention) and for an interrupted run.
 EXIT_USAGE = 2

@@ -57,6 +57,9 @@ class Meta:
     world_size: int | None = None
     wall_ns: int | None = None  # as traced; in no simulated figure (docs/sim-time.md)
     imported_from: str | None = None  # a torch.profiler trace's file (kineto/reader.py)
+    #: recorded by `profile --light` (tracer/light.py): syncs only, no ops; False in older
+    #: traces
+    light: bool = False
 
 
 @dataclass
@@ -377,7 +380,8 @@ def _meta(d: Any) -> Meta:
                 world_size=None if world_size is None else _int(world_size, "meta.world_size"),
                 wall_ns=None if d.get("wall_ns") is None else _int(d["wall_ns"], "meta.wall_ns"),
                 imported_from=None if d.get("imported_from") is None
-                else _str(d["imported_from"]))
+                else _str(d["imported_from"]),
+                light=_bool(d.get("light", False), "meta.light"))
 
 
 def _thread(d: dict[str, Any]) -> str | None:

@@ -111,6 +111,9 @@ def _other_threads(trace: Trace) -> list[str]:
 
 def place(trace: Trace) -> str:
     m = trace.meta
+    if m.light:
+        kind = f"simulated {m.device_name}" if m.simulated else m.device_name
+        return f"CUDA:0 ({kind}; light mode: syncs counted at their lines, no ops)"
     if m.simulated:
         return (f"CUDA:0 (simulated {m.device_name}; device, copy and host times are "
                 "modeled, not measured)")
@@ -132,7 +135,7 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
         "Time unit: ms",
         f"Sorted by {_SORT_WORDS[sort]} in descending order in the same thread",
     ]
-    if m.simulated and m.wall_ns is not None:
+    if m.simulated and m.wall_ns is not None and not m.light:
         lines.append(f"Measured on this machine, with tracing: wall time {_ms(m.wall_ns)} "
                      "(in no figure below)")
     if m.ended_by != "completed":

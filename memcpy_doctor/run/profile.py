@@ -29,6 +29,7 @@ from .traces import InputError, load_trace, load_traces, write_text
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
+    from ..tracer.light import LightTracer
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ProfileOptions:
     gate_format: str = "text"
     #: a compiled graph's calls traced op by op (tracer/regions.py); None: every call
     compiled_calls_traced: int | None = REGION_CALLS_TRACED
+    light: bool = False  # --light: syncs only, from sync-debug mode (tracer/light.py)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class ProfilePlan:
     output: str  # the trace's path as messages name it
     out_path: str  # the same, absolute: taken before the script may change directory
     chrome_trace: str | None
-    tracer: Tracer
+    tracer: Tracer | LightTracer
     edits: list[Edit] | None
 
 
@@ -103,13 +105,8 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
     chrome_trace = options.chrome_trace
     if chrome_trace:
         chrome_trace = path_for(chrome_trace, rank)
-    from ..tracer import Tracer  # torch is imported here, when a run is about to start
     try:
-        tracer = Tracer(device=options.device, profile=options.device_profile,
-                        command=["memcpy-doctor", "profile", options.script, *options.args],
-                        log_transfers=options.log_transfers,
-                        timeline_events=CHROME_EVENTS if chrome_trace else 0,
-                        compiled_calls_traced=options.compiled_calls_traced)
+        tracer = _light_tracer(options) if options.light else _tracer(options, chrome_trace)
     except ProfileError as e:
         raise InputError(str(e)) from None
     try:
@@ -117,6 +114,32 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
     except ApplyError as e:
         raise InputError(str(e)) from None
     return ProfilePlan(options, rank, config, output, out_path, chrome_trace, tracer, edits)
+
+
+def _tracer(options: ProfileOptions, chrome_trace: str | None) -> Tracer:
+    from ..tracer import Tracer  # torch is imported here, when a run is about to start
+    return Tracer(device=options.device, profile=options.device_profile,
+                  command=["memcpy-doctor", "profile", options.script, *options.args],
+                  log_transfers=options.log_transfers,
+                  timeline_events=CHROME_EVENTS if chrome_trace else 0,
+                  compiled_calls_traced=options.compiled_calls_traced)
+
+
+def _light_tracer(options: ProfileOptions) -> LightTracer:
+    """The tracer of `profile --light`; InputError for what light mode cannot do here."""
+    if options.chrome_trace:
+        raise InputError("--chrome-trace: --light records no timeline (profile without "
+                         "--light for one)")
+    if options.log_transfers:
+        raise InputError("--log-transfers: --light keeps no transfer log (profile without "
+                         "--light for one)")
+    from ..tracer.light import LightTracer  # imports torch
+    try:
+        return LightTracer(device=options.device, profile=options.device_profile,
+                           command=["memcpy-doctor", "profile", "--light", options.script,
+                                    *options.args])
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def run_profile(plan: ProfilePlan,

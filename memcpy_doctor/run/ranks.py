@@ -62,6 +62,8 @@ def rank_command(plan: ProfilePlan) -> list[str]:
         cmd += ["--apply", os.path.abspath(options.apply_path)]
     if plan.chrome_trace:
         cmd += ["--chrome-trace", os.path.abspath(plan.chrome_trace)]
+    if options.light:
+        cmd.append("--light")
     return cmd + [options.script, *options.args]
 
 

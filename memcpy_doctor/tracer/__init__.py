@@ -56,6 +56,14 @@ def active_tracer() -> Tracer | None:
     return _active[0] if _active else None
 
 
+def register(tracer: Any) -> None:
+    """Make `tracer` the one active in this process; RuntimeError if one already is."""
+    with _active_lock:
+        if _active:
+            raise RuntimeError("a memcpy-doctor tracer is already running in this process")
+        _active.append(tracer)
+
+
 def resolve_device(device: str) -> str:
     """'auto' means the real GPU when torch has one, else the simulated one."""
     if device not in DEVICE_CHOICES:
@@ -122,18 +130,19 @@ class Tracer:
         self._compile: CompileWatch | None = None
         self._compiles_asked = [0]  # torch.compile calls while tracing, on a torch that
         # cannot keep compiled code compiled under the tracer
+        #: False for the simulated GPU under `profile --light`, whose LightTracer stands for
+        #: the run as the active tracer (tracer/light.py)
+        self.registers = True
 
     def start(self) -> Tracer:
         if inside_guard():
             raise RuntimeError("start the memcpy-doctor tracer outside device_guard blocks "
                                "(a guard opened first would not see the simulated device)")
-        with _active_lock:
-            if _active:
-                raise RuntimeError("a memcpy-doctor tracer is already running in this process")
-            _active.append(self)
         self._thread = threading.get_ident()
         stack = ExitStack()
-        stack.callback(_active.clear)
+        if self.registers:
+            register(self)
+            stack.callback(_active.clear)
         try:
             session = session_sim()
             if session is not None:  # the pytest plugin's session-wide simulated GPU: this

@@ -172,12 +172,14 @@ class SiteResolver:
             frame, depth = frame.f_back, depth + 1
         return found[0], None
 
-    def stack(self) -> list[Site]:
-        """Frames outside torch and this package, innermost first, at most MAX_STACK_FRAMES
-        (used for copies only); when none of those is the user's own code (a copy deep in a
-        library), the innermost frame that is follows them."""
+    def stack(self, frame: FrameType | None = None) -> list[Site]:
+        """Frames outside torch and this package at and above `frame` (default: the caller's),
+        innermost first, at most MAX_STACK_FRAMES (used for copies only); when none of those
+        is the user's own code (a copy deep in a library), the innermost frame that is
+        follows them."""
         frames: list[Site] = []
-        frame = _getframe(1)
+        if frame is None:
+            frame = _getframe(1)
         codes = self.codes
         mine = False  # a frame of the user's own code is kept
         while frame is not None:

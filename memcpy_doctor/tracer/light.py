@@ -1,0 +1,349 @@
+"""`profile --light`: every host sync with its call site, and nothing per op.
+
+The full tracer sees every op through a dispatch mode, which costs a Python call per op and
+changes what runs (torch.compile's code, fast paths). Light mode asks PyTorch instead:
+`torch.cuda.set_sync_debug_mode("warn")` makes c10's `memcpy_and_sync` and
+`stream_synchronize` raise a warning at each sync (c10/cuda/CUDAFunctions.h), and a
+warnings filter of ours catches it, takes the user's stack there and counts it per site. The
+few syncs sync-debug mode does not flag are wrapped in Python (`torch.cuda.synchronize`,
+`Stream.synchronize`, `Event.synchronize`, and `copy_` to pageable host memory with
+`non_blocking=True`, which blocks all the same). No mode, no per-op hook: an op that does not
+sync runs exactly as without the tool.
+
+The hook is the filter's message pattern: Python's warning machinery calls the `match` method
+of each filter's pattern in turn, and ours (first in the list, action "ignore") counts a sync
+warning and keeps its text off the program's stderr. It works whatever `showwarning` the
+program installs (logging.captureWarnings, a recorder), and other warnings pass to the
+program's own filters unchanged.
+
+When the warning comes: c10's TORCH_WARN does not reach Python at once. The Python binding
+that called into C++ runs under a PyWarningHandler (torch/csrc/Exceptions.h,
+HANDLE_TH_ERRORS), which buffers warnings and hands them to Python's `warnings` in its
+destructor, after the C++ call, the sync included, has returned; a backward pass's are
+replayed by the autograd engine on the calling thread when the pass ends. So a sync found by
+its warning is counted at the right line but cannot be timed: it is recorded with no time. The
+wrapped calls are timed by the wall clock around them.
+
+On the simulated GPU (`--device sim`) the simulated device runs under its full tracer as
+always (it needs the modes to exist at all), raises the same warning at its sync points
+(SimDevice.synced), and this module records the run from the warnings alone; the full
+tracer's own records are dropped.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from contextlib import ExitStack
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import torch
+
+from ..core import __version__
+from ..core.costmodel import DeviceProfile, load_profile
+from ..core.defaults import DEFAULT_DEVICE, LIGHT_SYNC_TRIGGER, SYNC_DEBUG_WARNING
+from ..core.summary import summarize
+from ..core.trace import Meta, Trace
+from . import Tracer, _active, _Patch, register
+from .collector import Collector
+from .cuda import device_peaks, run_peak
+from .sites import SiteResolver
+
+_getframe = sys._getframe
+_get_ident = threading.get_ident
+
+#: What a light trace says it could not see, or how its figures differ from the full
+#: tracer's (meta.untraced, shown under "Not traced" in the report).
+LIGHT_NOTES = (
+    "light mode: syncs found by PyTorch's sync-debug mode and by wrapping "
+    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize and copy_ into pageable "
+    "memory with non_blocking=True; no ops recorded (no per-op rows, producers or "
+    "consumers; Computation time counts only the timed syncs)",
+    f"light mode: a `{LIGHT_SYNC_TRIGGER}` copy is a sync found by its warning: its "
+    "direction and size are not known (recorded as DtoH, 0 bytes) and it is not timed "
+    "(PyTorch hands the warning to Python after the call that synced has returned; a "
+    "backward pass's when the pass ends)",
+    "light mode does not see: the caching allocator's syncs (cudaFree when it releases "
+    "cached memory, pinned host allocations), libraries that call CUDA directly (NCCL, "
+    "custom extensions), copy_ to pageable memory called from C++, and syncs while the "
+    "program has replaced or reset the warnings filters",
+)
+SIM_NOTE = ("light mode on the simulated GPU: times are this machine's wall clock around "
+            "the wrapped calls, not modeled")
+
+
+def light_problem(device: str) -> str | None:
+    """Why `profile --light` cannot run on `device` here (one line), or None. The real GPU
+    needs one, and a torch with sync-debug mode; the simulated GPU has its own."""
+    if device == "sim":
+        return None
+    if not torch.cuda.is_available():
+        return ("--light: torch sees no CUDA GPU here; --light --device sim runs light mode "
+                "on the simulated GPU")
+    if not callable(getattr(torch.cuda, "set_sync_debug_mode", None)):
+        return (f"--light: torch {torch.__version__} has no sync-debug mode "
+                "(torch.cuda.set_sync_debug_mode, PyTorch 1.10 and later)")
+    return None
+
+
+class _SyncWarnings:
+    """The pattern of our warnings filter: `match` is called with the text of every warning
+    that reaches the filter; a sync warning is counted (unless a wrapped call is running on
+    the thread: it counts its own) and matched, so that the filter's "ignore" drops it."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: LightHooks) -> None:
+        self.hooks = hooks
+
+    def match(self, text: str) -> bool:
+        if not text.startswith(SYNC_DEBUG_WARNING):
+            return False
+        hooks = self.hooks
+        if _get_ident() not in hooks.quiet:
+            hooks.sync(_getframe(1))
+        return True
+
+
+class LightHooks:
+    """The warnings filter and the wrapped calls, recording into one Collector while
+    entered; every filter and patch is undone on exit, also on error. Nothing here holds a
+    tensor."""
+
+    def __init__(self, clock_start: int | None = None) -> None:
+        self.collector = Collector()
+        self.sites = SiteResolver()
+        self.quiet: set[int] = set()  # threads inside a wrapped call
+        self.start_ns = perf_counter_ns() if clock_start is None else clock_start
+        self._stacks: dict[int, list] = {}  # id(site): the stack of its first sync
+        self._thread = _get_ident()
+        self._filter: tuple | None = None
+        self._stack: ExitStack | None = None
+
+    # ----- recording -----
+    def _where(self, frame: Any) -> tuple[Any, list, str | None]:
+        site = self.sites.resolve_from(frame)
+        stack = self._stacks.get(id(site))
+        if stack is None:
+            stack = self._stacks[id(site)] = self.sites.stack(frame)
+        thread = None if _get_ident() == self._thread else threading.current_thread().name
+        return site, stack, thread
+
+    def sync(self, frame: Any) -> None:
+        """A sync that sync-debug mode reported, made by the code of `frame` or above it."""
+        site, stack, thread = self._where(frame)
+        self.collector.copy(direction="DtoH", sync=True, pinned=None,
+                            trigger=LIGHT_SYNC_TRIGGER, nbytes=0, host_ns=0, device_ns=0,
+                            site=site, stack=stack, producer=None, dst=None, thread=thread,
+                            at_ns=perf_counter_ns() - self.start_ns)
+
+    def wait(self, kind: str, ns: int, frame: Any) -> None:
+        site, _, thread = self._where(frame)
+        self.collector.wait(kind, site, ns, thread)
+
+    def copy(self, src: torch.Tensor, ns: int, frame: Any) -> None:
+        """A copy into pageable host memory with non_blocking=True: the host waited."""
+        site, stack, thread = self._where(frame)
+        self.collector.copy(direction="DtoH", sync=True, pinned=False, trigger="copy_",
+                            nbytes=src.nbytes, host_ns=ns, device_ns=0, site=site,
+                            stack=stack, producer=None, dst=None, shape=list(src.shape),
+                            dtype=str(src.dtype).replace("torch.", ""), thread=thread,
+                            at_ns=perf_counter_ns() - self.start_ns)
+
+    # ----- the wrapped calls -----
+    def timed(self, kind: str, original: Callable) -> Callable:
+        """`original` (a host wait), recorded with its wall time at its caller's site; a
+        sync warning inside it is its own, not counted again."""
+        quiet = self.quiet
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ident = _get_ident()
+            if ident in quiet:
+                return original(*args, **kwargs)
+            quiet.add(ident)
+            try:
+                t0 = perf_counter_ns()
+                result = original(*args, **kwargs)
+                ns = perf_counter_ns() - t0
+            finally:
+                quiet.discard(ident)
+            self.wait(kind, ns, _getframe(1))
+            return result
+
+        wrapper.__wrapped__ = original
+        return wrapper
+
+    def copy_wrapper(self, original: Callable) -> Callable:
+        """Tensor.copy_: a call with non_blocking=True from a device tensor into pageable
+        host memory is recorded (PyTorch's cudaMemcpyAsync returns only once such a copy is
+        done, and sync-debug mode does not flag it: Copy.cu); any other call goes straight
+        on."""
+        quiet = self.quiet
+
+        def copy_(dst: Any, *args: Any, **kwargs: Any) -> Any:
+            if not ((len(args) > 1 and args[1]) or (kwargs and kwargs.get("non_blocking"))):
+                return original(dst, *args, **kwargs)
+            src = args[0] if args else kwargs.get("src")
+            ident = _get_ident()
+            if (ident in quiet or not isinstance(src, torch.Tensor) or not src.is_cuda
+                    or dst.is_cuda or dst.is_pinned()):
+                return original(dst, *args, **kwargs)
+            quiet.add(ident)
+            try:
+                t0 = perf_counter_ns()
+                result = original(dst, *args, **kwargs)
+                ns = perf_counter_ns() - t0
+            finally:
+                quiet.discard(ident)
+            self.copy(src, ns, _getframe(1))
+            return result
+
+        copy_.__wrapped__ = original
+        return copy_
+
+    def patches(self) -> list[tuple[Any, str, Any]]:
+        """The calls wrapped, as they are now (the simulated GPU's, under --device sim)."""
+        cuda = torch.cuda
+        return [(cuda, "synchronize", self.timed("synchronize", cuda.synchronize)),
+                (cuda.Stream, "synchronize", self.timed("stream_synchronize",
+                                                        cuda.Stream.synchronize)),
+                (cuda.Event, "synchronize", self.timed("event_synchronize",
+                                                       cuda.Event.synchronize)),
+                (torch.Tensor, "copy_", self.copy_wrapper(torch.Tensor.copy_))]
+
+    # ----- entering and leaving -----
+    @staticmethod
+    def owns(entry: tuple) -> bool:
+        """Whether `entry` of warnings.filters is a light mode's filter."""
+        return isinstance(entry[1], _SyncWarnings)
+
+    def __enter__(self) -> LightHooks:
+        stack = ExitStack()
+        try:
+            self._filter = ("ignore", _SyncWarnings(self), UserWarning, None, 0)
+            warnings.filters.insert(0, self._filter)
+            warnings._filters_mutated()
+            stack.callback(self._remove_filter)
+            stack.enter_context(_Patch(self.patches()))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def _remove_filter(self) -> None:
+        """Take our filter out of the list the program now uses (its own filters, added or
+        changed while it ran, stay as it left them)."""
+        for i, f in enumerate(warnings.filters):
+            if f is self._filter:
+                del warnings.filters[i]
+                warnings._filters_mutated()
+                break
+        self._filter = None
+
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+
+class LightTracer:
+    """`profile --light`: start, stop and the finished trace, as Tracer has them (the runner
+    drives either). One tracer, full or light, can be active per process."""
+
+    def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
+                 command: list[str] | None = None) -> None:
+        """ValueError (its message one line) when light mode cannot run on `device` here."""
+        self.requested_device = device
+        self.device = "sim" if device == "sim" else "cuda"
+        problem = light_problem(self.device)
+        if problem is not None:
+            raise ValueError(problem)
+        self.profile = profile if isinstance(profile, DeviceProfile) else load_profile(profile)
+        self.command = list(command) if command is not None else list(sys.argv)
+        self.trace: Trace | None = None
+        self.chrome = None  # no timeline in light mode
+        self.hooks: LightHooks | None = None
+        self._sim: Tracer | None = None
+        self._stack: ExitStack | None = None
+        self._peaks_before: list[int] = []
+        self._start_ns = 0
+
+    def start(self) -> LightTracer:
+        register(self)
+        stack = ExitStack()
+        stack.callback(_active.clear)
+        try:
+            if self.device == "sim":
+                sim = self._sim = Tracer(device="sim", profile=self.profile,
+                                         command=self.command)
+                sim.registers = False
+                sim.start()
+                stack.callback(self._stop_sim)
+            else:
+                self._peaks_before = device_peaks()
+            self._start_ns = perf_counter_ns()
+            self.hooks = stack.enter_context(LightHooks(self._start_ns))
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+            stack.callback(torch.cuda.set_sync_debug_mode, previous)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def _stop_sim(self, abandon_modes: bool = False) -> None:
+        if self._sim is not None and self._sim.trace is None:
+            self._sim.stop(abandon_modes=abandon_modes)
+
+    def stop(self, *, abandon_modes: bool = False) -> Trace:
+        """Stop (sync-debug mode, filter and patches undone; on the simulated GPU its tracer
+        stopped) and build the trace. `abandon_modes`: as Tracer.stop's."""
+        if self._stack is None:
+            if self.trace is None:
+                raise RuntimeError("the tracer was never started")
+            return self.trace
+        end_ns = perf_counter_ns()
+        stack, self._stack = self._stack, None
+        if abandon_modes:
+            self._stop_sim(abandon_modes=True)
+        stack.close()
+        self.trace = self._build(end_ns)
+        return self.trace
+
+    def add_copy_listener(self, listener: Callable) -> None:
+        raise RuntimeError("transfer_guard needs memcpy-doctor's full tracer: profile "
+                           "without --light")
+
+    def remove_copy_listener(self, listener: Callable) -> None:
+        pass
+
+    def __enter__(self) -> LightTracer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _build(self, end_ns: int) -> Trace:
+        col = self.hooks.collector
+        col.finish()
+        events, copies = col.event_rows(), col.copy_records()
+        wall = end_ns - self._start_ns
+        notes = list(LIGHT_NOTES)
+        if self._sim is not None:
+            simulated, name = True, self.profile.name
+            peak = self._sim.trace.summary.peak_device_memory_bytes
+            notes.append(SIM_NOTE)
+        else:
+            simulated, name = False, torch.cuda.get_device_name()
+            peak = run_peak(self._peaks_before, device_peaks())
+        meta = Meta(device=self.device, simulated=simulated, device_name=name,
+                    device_profile=self.profile.to_dict() if simulated else None,
+                    torch_version=torch.__version__, command=self.command,
+                    memcpy_doctor_version=__version__, wall_ns=wall, untraced=notes,
+                    light=True)
+        return Trace(meta=meta, summary=summarize(wall, events, copies, peak), events=events,
+                     ops=[], copies=copies, waits=col.wait_records())
