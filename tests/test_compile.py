@@ -570,3 +570,27 @@ def test_trace_compiled_calls_option_is_checked(tmp_path):
     assert done.returncode == 2
     assert "'0': give a number of calls, at least 1, or 'all'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_literal_cuda_device_inside_a_compiled_function_runs_on_the_simulated_gpu(tmp_path):
+    """Dynamo traces a compiled function on the simulated GPU with every cuda device it names
+    made the host (the graph is compiled for the host its tensors live on); the copies between
+    devices inside the graph are not simulated, and the report says where they are."""
+    trace, path, scope = run_program(tmp_path, """\
+        import torch
+        @torch.compile
+        def step(x):
+            m = torch.ones(4, device="cuda")
+            n = torch.arange(4).cuda()
+            return (x * m + n).sum(), x.to("cuda")
+        x = torch.arange(4.0, device="cuda")
+        for i in range(4):
+            s, d = step(x)
+        total, where = float(s), {str(s.device), str(d.device)}
+        """)
+    assert scope["total"] == 12.0 and scope["where"] == {"cuda:0"}
+    [graph] = trace.compile.graphs
+    assert graph.calls == 4
+    assert ("Torch-Compiled Region: 0/0 moves tensors between devices inside the graph (at "
+            "prog.py:5, prog.py:6): the simulated GPU compiles it for the host") in \
+        " ".join(trace.compile.notes)

@@ -40,6 +40,8 @@ Tensor = torch.Tensor
 #: FX targets that read device data back to the host (Dynamo's graph, before AOT autograd).
 _HOST_READS = {"item", "tolist", "nonzero", "__bool__", "__int__", "__float__",
                "_local_scalar_dense", "masked_select", "unique", "bincount", "argwhere"}
+#: FX targets that move a tensor to a device (`to` only with a device among its arguments)
+_MOVES = {"cpu", "cuda", "to"}
 _STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _GB_CODE = re.compile(r"/gb/(gb\d+)\.html|\b(GB\d{4})\b")
 #: Dynamo's own entry after a break it cannot resume from inside a nested call
@@ -88,9 +90,10 @@ def _target_name(node: Any) -> str:
     return name.split(".")[0] if name.startswith("_local") else name
 
 
-def graph_sites(gm: Any) -> tuple[Site | None, list[Site]]:
-    """A Dynamo graph's first user line and the lines of its host reads, in order."""
-    first, reads = None, []
+def graph_sites(gm: Any) -> tuple[Site | None, list[Site], list[Site]]:
+    """A Dynamo graph's first user line, the lines of its host reads, in order, and those of
+    the calls in it that move a tensor to a device (`.cpu()`, `.cuda()`, `.to(device)`)."""
+    first, reads, moves = None, [], []
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -98,9 +101,13 @@ def graph_sites(gm: Any) -> tuple[Site | None, list[Site]]:
         if site is None:
             continue
         first = first or site
-        if _target_name(node) in _HOST_READS:
+        name = _target_name(node)
+        if name in _HOST_READS:
             reads.append(site)
-    return first, reads
+        elif name in _MOVES and (name != "to" or any(
+                isinstance(a, (str, torch.device)) for a in (*node.args, *node.kwargs.values()))):
+            moves.append(site)
+    return first, reads, moves
 
 
 def symbolic(example_inputs: Any) -> bool:
@@ -162,6 +169,7 @@ class CompileWatch:
         self._saved: Any = None
         self._compiling = 0
         self.skips: list[str] = []  # why Inductor did not use CUDA graphs, as it said
+        self.notes: list[str] = []  # what the simulated GPU could not model of a graph
         self._skip_loggers: list[tuple[Any, Any]] = []
 
     # ----- entering and leaving -----
@@ -265,12 +273,18 @@ class CompileWatch:
         Dynamo's fake inputs, whose symbolic sizes say the graph takes any shape."""
         compile_id = self.hooks.compile_id()
         label = str(compile_id) if compile_id is not None else str(len(self.regions))
-        first, reads = graph_sites(gm)
+        first, reads, moves = graph_sites(gm)
         record = GraphRecord(name=f"Torch-Compiled Region: {label}", site=first,
                              nodes=sum(1 for n in gm.graph.nodes
                                        if n.op not in ("placeholder", "output")),
                              host_reads=list(reads))
         region = Region(record, dynamic=symbolic(example_inputs))
+        if moves and self.sim is not None:
+            self.notes.append(
+                f"{record.name} moves tensors between devices inside the graph (at "
+                f"{', '.join(sorted({f'{os.path.basename(s.file)}:{s.line}' for s in moves}))}): "
+                "the simulated GPU compiles it for the host, so these copies are not recorded "
+                "and all its outputs are on the device of its inputs")
         self.regions.append(region)
         self._collect_breaks(region)
         return self._runner(region, compiled)
@@ -324,7 +338,7 @@ class CompileWatch:
             region.record.calls = region.calls
             region.record.traced_calls = region.traced_calls
             graphs.append(region.record)
-        skips, notes = list(self.skips), []
+        skips, notes = list(self.skips), list(self.notes)
         counted = self.hooks.cudagraph_skips() > self._skips_counted
         if self.sim is not None and (skips or counted):  # Inductor compiled for the host: CUDA
             skips = []  # graphs were never an option, whatever the program asked

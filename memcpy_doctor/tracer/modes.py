@@ -121,7 +121,9 @@ class FunctionMode(TorchFunctionMode):
                                kwargs: dict | None = None) -> Any:
             kwargs = _NO_KWARGS if kwargs is None else kwargs
             if state.suspended or is_dynamo_compiling():  # (Dynamo inlines this handler as it
-                return func(*args, **kwargs)  # traces: the call alone, as without a mode)
+                if sim and not state.suspended:  # traces: the call alone, as without a mode;
+                    func, args, kwargs = on_host(func, args, kwargs)  # for the sim's host)
+                return func(*args, **kwargs)
             # no eval-frame callback runs the tracer's own code (in a compiled function's
             # graph-break code, Dynamo would compile this handler and those it calls)
             prior = set_eval_frame(None)
@@ -138,8 +140,7 @@ class FunctionMode(TorchFunctionMode):
                     return handlers[func](func, args, kwargs)
                 if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
                     return factory(func, args, kwargs)
-                # the arguments of the call now running are read (on the simulated GPU) only if
-                # an op inside it has no tensor inputs
+                # (the sim reads the call's arguments only for an op inside with no tensor input)
                 if kind == _BUILTIN:  # the commonest call: no trigger to name
                     prev_call, prev_site = state.call_args, state.call_site
                     caller = _getframe(1)  # SiteResolver.resolve_from, its first step inlined:
@@ -149,9 +150,8 @@ class FunctionMode(TorchFunctionMode):
                     prev_frame = state.call_frame
                     if site is not None:
                         state.call_site = site
-                    else:  # called from torch's own code (or from a line not seen yet): the
-                        # first op inside the call, if any, walks from the caller (most such calls
-                        # run none: `p.grad = None`, torch.no_grad()'s switch)
+                    else:  # called from torch's code (or a line not seen yet): its first op, if
+                        # any, walks from the caller (`p.grad = None`, torch.no_grad() run none)
                         state.call_site, state.call_frame = UNRESOLVED, caller
                     del caller
                     try:  # (without kwargs, the call builds no dict to unpack them into)
@@ -208,6 +208,26 @@ class FunctionMode(TorchFunctionMode):
         finally:
             state.call_args = prev_call
             calls.pop()
+
+
+def _is_cuda(device: Any) -> bool:
+    return (isinstance(device, str) and device.startswith("cuda")) or (
+        isinstance(device, torch.device) and device.type == "cuda")
+
+
+def on_host(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """A call's arguments with each device it names that is cuda made the host, for Dynamo
+    tracing a compiled function on the simulated GPU: the graph is compiled for the host the
+    simulated device's tensors live on (Inductor builds CPU code), and a literal
+    `device="cuda"` or `.to("cuda")` inside it would otherwise mix devices there. (The copies
+    such a graph makes between devices are not simulated: compiled.py notes them.)"""
+    if func is torch.Tensor.cuda:
+        return torch.Tensor.to, (args[0], "cpu"), {}
+    if "device" in kwargs and _is_cuda(kwargs["device"]):
+        kwargs = {**kwargs, "device": "cpu"}
+    if func is torch.Tensor.to and any(_is_cuda(a) for a in args[1:]):
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+    return func, args, kwargs
 
 
 def common_handlers(state: TraceState) -> dict[Any, Callable]:
