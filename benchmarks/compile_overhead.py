@@ -10,9 +10,13 @@ enough that the cost of a call, not its arithmetic, is what is measured:
   compiled whole: one graph, in which Inductor fuses the GELUs and calls out to aten's addmm
   for each Linear;
 - graph-break: a compiled function that runs the same MLP, reads the sum of its output back to
-  the host with `.item()` (a graph break) and scales the output by it: two graphs and the read.
+  the host with `.item()` (a graph break) and scales the output by it: two graphs and the read;
+- train: one SGD step a call of the same MLP compiled whole, on an MSE loss: the compiled
+  forward, its compiled backward (run by the autograd engine), the loss's and the
+  optimizer's eager ops.
 
-Each is called in a loop under torch.no_grad(), in five modes:
+Each is called in a loop under torch.no_grad() (train turns grad on inside its step), in five
+modes:
 - plain: host tensors, no mode;
 - bare modes: a forwarding TorchFunctionMode and a forwarding TorchDispatchMode that says
   `ignore_compile_internals` (as the tracer's does), host tensors: what any pair of Python
@@ -61,7 +65,7 @@ from typing import Any, Callable
 
 MODES = {"plain": "plain", "bare": "bare modes", "host": "memcpy-doctor (host)",
          "sim": "memcpy-doctor (sim)", "sim-all": "  every call traced"}
-WORKLOADS = ("mlp", "graph-break")
+WORKLOADS = ("mlp", "graph-break", "train")
 #: Calls before the measured ones: the first compiles.
 WARMUP = 10
 
@@ -83,6 +87,8 @@ def build(workload: str, device: str, batch: int = 8,
     x = torch.randn(batch, width, device=device)
     if workload == "mlp":
         return torch.compile(model), x
+    if workload == "train":
+        return _train_step(model, x), x
 
     @torch.compile
     def step(x):
@@ -91,6 +97,22 @@ def build(workload: str, device: str, batch: int = 8,
         return y * s
 
     return step, x
+
+
+def _train_step(model: Any, x: Any) -> Callable[[Any], Any]:
+    """One SGD step of the model compiled whole, on an MSE loss (grad on inside the step)."""
+    import torch
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    target = torch.randn_like(x)
+
+    def step(x: Any) -> None:
+        with torch.enable_grad():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(compiled(x), target).backward()
+            opt.step()
+
+    return step
 
 
 def calls_of(step: Callable[[Any], Any], x: Any, n: int) -> None:
@@ -281,7 +303,7 @@ def instruction_table(opts: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="*", metavar="WORKLOAD",
-                        help=f"of {', '.join(WORKLOADS)} (default: both)")
+                        help=f"of {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed loop")
     parser.add_argument("--repeat", type=int, default=5, help="timed loops per process")
     parser.add_argument("--turns", type=int, default=2, help="processes per mode")
