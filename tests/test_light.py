@@ -274,6 +274,8 @@ def test_cli_light_on_the_sim_reports_syncs_and_keeps_other_warnings(tmp_path):
     assert cli_in_process("check", "t.json", "--max", "sync_calls=4", cwd=tmp_path).status == 0
     explain = cli_in_process("explain", "t.json", cwd=tmp_path)
     assert explain.status == 0, explain.err
+    assert "Note: light mode: a `sync_debug` copy is a sync found by its warning" in explain.out
+    assert "4 copies (DtoH `sync_debug`), 0 ms, at prog.py:7" in explain.out  # one burst
 
 
 def test_cli_light_usage_errors_are_one_line(tmp_path, monkeypatch):

@@ -44,6 +44,7 @@ import torch
 from ..core import __version__
 from ..core.costmodel import DeviceProfile, load_profile
 from ..core.defaults import DEFAULT_DEVICE, LIGHT_SYNC_TRIGGER, SYNC_DEBUG_WARNING
+from ..core.site import LIGHT_SYNC_NOTE
 from ..core.summary import summarize
 from ..core.trace import Meta, Trace
 from . import Tracer, _active, _Patch, register
@@ -61,10 +62,7 @@ LIGHT_NOTES = (
     "torch.cuda.synchronize, Stream.synchronize, Event.synchronize and copy_ into pageable "
     "memory with non_blocking=True; no ops recorded (no per-op rows, producers or "
     "consumers; Computation time counts only the timed syncs)",
-    f"light mode: a `{LIGHT_SYNC_TRIGGER}` copy is a sync found by its warning: its "
-    "direction and size are not known (recorded as DtoH, 0 bytes) and it is not timed "
-    "(PyTorch hands the warning to Python after the call that synced has returned; a "
-    "backward pass's when the pass ends)",
+    LIGHT_SYNC_NOTE,
     "light mode does not see: the caching allocator's syncs (cudaFree when it releases "
     "cached memory, pinned host allocations), libraries that call CUDA directly (NCCL, "
     "custom extensions), copy_ to pageable memory called from C++, and syncs while the "
