@@ -2,8 +2,9 @@
 ExecutionTraceObserver files of the same runs, read from their JSON into memcpy-doctor traces
 measured on the GPU that recorded them (docs/kineto.md).
 
-`reader.py` maps copies, waits and the Event Summary; `stacks.py` finds the ops and Python
-frames around each runtime call and the kernels around a copy on its stream; `et.py` joins an
-execution trace for exact producers and consumers; `timing.py` reads the timings
-`calibrate --from-trace` fits. Like the tracer, this stage stands on core/ only, and it never
+`stream.py` reads a trace's file as a stream, its events cut to `events.py`'s records as
+they are parsed; `reader.py` maps copies, waits and the Event Summary; `stacks.py` finds the
+ops and Python frames around each runtime call and the kernels around a copy on its stream;
+`et.py` joins an execution trace for exact producers and consumers; `timing.py` reads the
+timings `calibrate --from-trace` fits. Like the tracer, this stage stands on core/ only, and it never
 imports torch: reading a trace needs no GPU and no PyTorch."""

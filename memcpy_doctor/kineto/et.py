@@ -37,6 +37,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from typing import Any
 
+from .events import Event, as_events
 from .stacks import Enclosing, user_frame
 from ..core.trace import OpRef, TraceError
 
@@ -218,20 +219,20 @@ class EtJoin:
     TraceError when the two are not of the same run: the Kineto trace has no record function
     ids (recorded without an ExecutionTraceObserver), or they name different ops."""
 
-    def __init__(self, et: ExecutionTrace, events: list[dict], found: Enclosing,
+    def __init__(self, et: ExecutionTrace, events: Any, found: Enclosing,
                  source: str) -> None:
         self.et, self.found = et, found
-        self.ops: dict[int, dict] = {}  # rf_id -> the Kineto cpu_op, where the ET has it
+        self.ops: dict[int, Event] = {}  # rf_id -> the Kineto cpu_op, where the ET has it
         ids = same = differ = 0
-        for e in events:
-            if e.get("cat") != "cpu_op":
+        for e in as_events(events):
+            if e.cat != "cpu_op":
                 continue
-            rf = (e.get("args") or {}).get("Record function id")
+            rf = e.rf
             if type(rf) is not int or rf <= 0:
                 continue
             ids += 1
             node = et.by_rf.get(rf)
-            if node is not None and node.name == e.get("name"):
+            if node is not None and node.name == e.name:
                 same += 1
                 self.ops[rf] = e
             elif node is not None:
@@ -248,13 +249,16 @@ class EtJoin:
         self.linked = 0  # copies whose op the ET has, with the tensor they copied
         self.joined = 0  # ... and whose producer came from the ET
 
-    def ends(self, ops: list[dict], at: int, direction: str) -> tuple[OpRef | None,
-                                                                     OpRef | None] | None:
+    def ends(self, ops: list[Any], at: int, direction: str) -> tuple[OpRef | None,
+                                                                    OpRef | None] | None:
         """(producer, consumer) of a copy made inside `ops` (the cpu_ops around its runtime
-        call, outermost first; `at`: its trigger's index), by data flow; either is None
-        where the ET does not show it. None when the copy's ops are not in the ET."""
+        call, outermost first, as records or parsed dicts; `at`: its trigger's index), by
+        data flow; either is None where the ET does not show it. None when the copy's ops
+        are not in the ET."""
         if at < 0:
             return None
+        if not all(isinstance(op, Event) for op in ops):
+            ops = as_events(ops)
         src = None
         for op in reversed(ops[at:]):  # the innermost op that has the source as an input
             node = self._node(op)
@@ -277,8 +281,8 @@ class EtJoin:
             consumer = self._ref(read, dst[2]) if read is not None else None
         return producer, consumer
 
-    def _node(self, op: dict) -> EtNode | None:
-        rf = (op.get("args") or {}).get("Record function id")
+    def _node(self, op: Event) -> EtNode | None:
+        rf = op.rf
         return self.et.by_rf.get(rf) if rf in self.ops else None
 
     def _ref(self, node: EtNode, host: bool) -> OpRef:

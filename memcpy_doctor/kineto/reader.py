@@ -29,14 +29,14 @@ file per rank).
 
 from __future__ import annotations
 
-import gzip
-import json
-import zlib
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from typing import Any
 
 from .et import EtJoin, ExecutionTrace, parse_execution_trace
+from .events import Event, as_events
 from .stacks import Streams, enclosing, inferred_ref
+from .stream import read_json, read_whole
 from ..core.site import NO_STACK_NOTE
 from ..core.summary import summarize
 from ..core.trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
@@ -75,39 +75,19 @@ def is_kineto(data: Any) -> bool:
             and "schema_version" not in data)
 
 
-def read_json(path: str, what: str = "a trace") -> Any:
-    """A `.json` or gzip-compressed JSON file, parsed; TraceError when it cannot be (`what`
-    names what it should have been)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        if raw[:2] == b"\x1f\x8b":
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError, zlib.error) as e:
-                raise TraceError(f"{path}: a truncated or corrupt .gz file ({e})") from None
-        if not raw.strip():
-            raise TraceError(f"{path}: empty file")
-        return json.loads(raw.decode("utf-8"))
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
-    except (ValueError, EOFError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: not {what} (not valid JSON: {e})") from None
-
-
 def read_execution_trace(path: str) -> ExecutionTrace:
     """The execution trace (ExecutionTraceObserver's `.json` or `.json.gz`) at `path`;
     TraceError, one line, when it cannot be read, is not one, or holds no tensor ids."""
-    return parse_execution_trace(read_json(path, "an execution trace"), path)
+    return parse_execution_trace(read_whole(path, "an execution trace"), path)
 
 
 def _ns(us: Any) -> int:
     return round(float(us) * 1000)
 
 
-def _trigger(ops: list[dict]) -> tuple[str, int]:
+def _trigger(ops: list[Event]) -> tuple[str, int]:
     """The copy's trigger, and the index in `ops` of the op that names it (-1: none)."""
-    names = [o.get("name", "") for o in ops]
+    names = [o.name or "" for o in ops]
     for op, trigger in _TRIGGERS:
         if op in names:
             return trigger, names.index(op)
@@ -122,8 +102,8 @@ def _direction(name: str) -> str | None:
 
 def kineto_pid(data: dict) -> int | None:
     """The process a torch.profiler trace recorded: the pid most of its cpu_ops have."""
-    pids = Counter(e.get("pid") for e in data.get("traceEvents", [])
-                   if isinstance(e, dict) and e.get("cat") == "cpu_op")
+    pids = Counter(e.pid for e in as_events(data.get("traceEvents", []))
+                   if e.cat == "cpu_op")
     pid = pids.most_common(1)[0][0] if pids else None
     return pid if type(pid) is int else None
 
@@ -131,8 +111,8 @@ def kineto_pid(data: dict) -> int | None:
 def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Trace:
     """The memcpy-doctor trace of a parsed torch.profiler trace (see the module docstring);
     with `et`, an execution trace of the same run, producers and consumers by data flow."""
-    events = [e for e in data["traceEvents"] if isinstance(e, dict) and "ts" in e]
-    cats = {e.get("cat") for e in events}
+    events = as_events(data["traceEvents"])
+    cats = events.cats
     if not cats & {"cuda_runtime", "gpu_memcpy", "kernel"}:
         raise TraceError(f"{source}: a Chrome or torch.profiler trace with no CUDA activity "
                          "(CPU only, or another accelerator): no copies to read")
@@ -140,49 +120,52 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
         raise TraceError(f"{source}: CUDA runtime calls but no device activity (a CUPTI "
                          "range-profiler trace, or one recorded without "
                          "ProfilerActivity.CUDA): no copies to read")
-    runtime = {e["args"]["correlation"]: e for e in events
-               if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    events.check()
+    runtime = {e.corr: e for e in events if e.cat == "cuda_runtime" and e.corr is not None}
     found = enclosing(events, op_frames=et is not None)
     flow = EtJoin(et, events, found, source) if et is not None else None
     streams = Streams(events)
-    syncs_by_thread: dict[Any, list[dict]] = defaultdict(list)
+    syncs_by_thread: dict[Any, list[Event]] = defaultdict(list)
     for e in events:
-        if e.get("cat") == "cuda_runtime" and e.get("name") in _WAITS:
-            syncs_by_thread[(e.get("pid"), e.get("tid"))].append(e)
+        if e.cat == "cuda_runtime" and e.name in _WAITS:
+            syncs_by_thread[(e.pid, e.tid)].append(e)
     used_waits: set[int] = set()
+    stream_syncs = _StreamSyncs(syncs_by_thread)
     # a sampled trace may hold no stream syncs at all; PyTorch always waits in
     # _local_scalar_dense (item(), bool(), ...), so such copies still count as sync there
-    sync_calls_recorded = any(w["name"] == "cudaStreamSynchronize"
+    sync_calls_recorded = any(w.name == "cudaStreamSynchronize"
                               for ws in syncs_by_thread.values() for w in ws)
-    start = min(float(e["ts"]) for e in events)
+    start = events.start
     copies: dict[tuple, list] = {}
     unread: list[str] = []  # gpu_memcpy names this version does not know (HtoH, ROCm's)
     device_in_op: dict[int, int] = defaultdict(int)  # id(cpu_op) -> device ns under it
     for e in events:
-        cat, args = e.get("cat"), e.get("args", {})
-        call = runtime.get(args.get("correlation"))
+        cat = e.cat
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        call = runtime.get(e.corr)
         ops = found.ops.get(id(call), []) if call is not None else []
-        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and ops:
-            device_in_op[id(ops[-1])] += _ns(e.get("dur", 0))
+        if ops:
+            device_in_op[id(ops[-1])] += _ns(e.dur)
         if cat != "gpu_memcpy":
             continue
-        direction = _direction(e.get("name", ""))
+        direction = _direction(e.name or "")
         if direction is None:
-            unread.append(e.get("name", ""))
+            unread.append(e.name or "")
             continue
-        pinned = None if direction == "DtoD" else "Pinned" in e["name"]
+        pinned = None if direction == "DtoD" else "Pinned" in e.name
         host_ns, sync = 0, False
         if call is not None:
-            host_ns, sync = _ns(call["dur"]), call.get("name") == "cudaMemcpy"
+            host_ns, sync = _ns(call.dur), call.name == "cudaMemcpy"
         if call is not None and not sync:  # memcpy_and_sync: a stream sync in the same op
-            wait = _following_sync(call, ops, syncs_by_thread)
+            wait = _following_sync(call, ops, stream_syncs)
             if wait is not None:
-                sync, host_ns = True, host_ns + _ns(wait["dur"])
+                sync, host_ns = True, host_ns + _ns(wait.dur)
                 used_waits.add(id(wait))
-            elif not sync_calls_recorded and ops and ops[-1].get("name") == _SCALAR_READ:
+            elif not sync_calls_recorded and ops and ops[-1].name == _SCALAR_READ:
                 sync = True
         trigger, at = _trigger(ops)
-        sites = found.frames.get(id(call), []) if call is not None else []
+        sites = found.frames(call)
         site = sites[0] if sites else None
         producer = (inferred_ref(streams.before(e), runtime, found)
                     if direction != "HtoD" else None)
@@ -193,13 +176,13 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
             producer, consumer = exact[0] or producer, exact[1] or consumer
         key = (direction, sync, pinned, trigger, site, tuple(sites), producer, consumer)
         entry = copies.setdefault(key, [0, 0, 0, 0, [], None, None])
-        device_ns = _ns(e.get("dur", 0))
+        device_ns = _ns(e.dur)
         entry[0] += 1
-        entry[1] += int(args.get("bytes", 0))
+        entry[1] += int(e.nbytes if e.nbytes is not None else 0)
         entry[2] += host_ns
         entry[3] += device_ns
         entry[4].append(host_ns + device_ns)
-        when = _ns(float((call or e)["ts"]) - start)
+        when = _ns((call or e).ts - start)
         entry[5] = when if entry[5] is None else min(entry[5], when)
         entry[6] = when if entry[6] is None else max(entry[6], when)
     records = [CopyRecord(d, s, p, t, calls, nbytes, host, dev, site, list(stack), prod, cons,
@@ -213,11 +196,11 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     for tid_syncs in syncs_by_thread.values():
         for w in tid_syncs:
             if id(w) not in used_waits:
-                waits[_WAITS[w["name"]]][0] += 1
-                waits[_WAITS[w["name"]]][1] += _ns(w.get("dur", 0))
+                waits[_WAITS[w.name]][0] += 1
+                waits[_WAITS[w.name]][1] += _ns(w.dur)
     wait_records = [WaitRecord(k, c, ns, None) for k, (c, ns) in waits.items()]
     rows = _event_rows(events, device_in_op, records, per_call, wait_records)
-    end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
+    end = events.end
     meta = _meta(data, source, found.has_python, sync_calls_recorded)
     if flow is not None:
         meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
@@ -243,12 +226,12 @@ def et_note(joined: int, linked: int, copies: int, et_source: str) -> str:
             "(the op around the trigger, or the next kernel on the stream)")
 
 
-def _consumer(ops: list[dict], at: int, site: Site | None,
+def _consumer(ops: list[Event], at: int, site: Site | None,
               device_in_op: dict[int, int]) -> OpRef:
     """The op around the trigger's op (`aten::index` around `aten::nonzero`), inferred."""
     op = ops[at - 1]
     device = "cuda" if device_in_op.get(id(op)) else "cpu"
-    return OpRef(f"{op.get('name', '')} (inferred)", device, site)
+    return OpRef(f"{op.name or ''} (inferred)", device, site)
 
 
 def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) -> Meta:
@@ -268,26 +251,42 @@ def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) 
                 imported_from=source)
 
 
-def _following_sync(call: dict, ops: list[dict], syncs: dict[Any, list[dict]]) -> Any:
+class _StreamSyncs:
+    """Each thread's cudaStreamSynchronize calls by start, each with its place among the
+    thread's waits, to find the first that starts in a window without a scan per copy."""
+
+    def __init__(self, syncs: dict[Any, list[Event]]) -> None:
+        self._by_thread: dict[Any, tuple[list[float], list[tuple[float, int, Event]]]] = {}
+        for thread, waits in syncs.items():
+            ordered = sorted(((w.ts, i, w) for i, w in enumerate(waits)
+                              if w.name == "cudaStreamSynchronize"), key=lambda x: x[:2])
+            self._by_thread[thread] = ([ts for ts, _, _ in ordered], ordered)
+
+    def first(self, thread: Any, lo: float, hi: float) -> Event | None:
+        """The first of `thread`'s stream syncs (in the trace's order) starting in [lo, hi]."""
+        starts, ordered = self._by_thread.get(thread, ((), ()))
+        inside = ordered[bisect_left(starts, lo):bisect_right(starts, hi)]
+        return min(inside, key=lambda x: x[1])[2] if inside else None
+
+
+def _following_sync(call: Event, ops: list[Event], syncs: _StreamSyncs) -> Event | None:
     """The cudaStreamSynchronize after `call` on its thread, inside its innermost op."""
     if not ops:
         return None
     op = ops[-1]
-    end_call, end_op = float(call["ts"]) + float(call["dur"]), float(op["ts"]) + float(op["dur"])
-    for w in syncs.get((call.get("pid"), call.get("tid")), []):
-        if w["name"] == "cudaStreamSynchronize" and end_call <= float(w["ts"]) <= end_op:
-            return w
-    return None
+    return syncs.first((call.pid, call.tid), call.ts + call.dur, op.ts + op.dur)
 
 
-def _event_rows(events: list[dict], device_in_op: dict[int, int], copies: list[CopyRecord],
+def _event_rows(events: list[Event], device_in_op: dict[int, int], copies: list[CopyRecord],
                 per_call: dict[tuple, list[int]], waits: list[WaitRecord]) -> list[EventRow]:
     rows: dict[str, list[int]] = {}
     for e in events:
-        if e.get("cat") != "cpu_op":
+        if e.cat != "cpu_op":
             continue
-        cpu, gpu = _ns(e.get("dur", 0)), device_in_op.get(id(e), 0)
-        row = rows.setdefault(e["name"], [0, 0, 0, 1 << 62, 0])
+        if e.name is None:
+            raise KeyError("name")  # as reading the event's name raised
+        cpu, gpu = _ns(e.dur), device_in_op.get(id(e), 0)
+        row = rows.setdefault(e.name, [0, 0, 0, 1 << 62, 0])
         row[0] += 1
         row[1] += cpu
         row[2] += gpu

@@ -3,7 +3,7 @@ it, and the Python frames around it when the profile was recorded with `with_sta
 and, per stream, which kernel ran just before or after a copy.
 
 Kept apart from kineto/reader.py, which maps copies, so that each stays small; both are pure
-functions over the parsed events.
+functions over the events read (kineto/events.py records; parsed dicts are read into them).
 
 Python frames. torch.profiler writes each Python call as a `python_function` event named
 `file(line): function`, the file trimmed of the `sys.path` entry it lies under
@@ -22,8 +22,9 @@ import sys
 from bisect import bisect_left
 from collections import defaultdict
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable
 
+from .events import Event, as_events
 from ..core.paths import is_user_file
 from ..core.trace import OpRef, Site
 
@@ -43,17 +44,24 @@ class Enclosing:
     With `op_frames`, also each cpu_op's frames (`op_sites`), for the ops an execution trace
     names as producers (kineto/et.py)."""
 
-    __slots__ = ("ops", "frames", "has_python", "_op_chains")
+    __slots__ = ("ops", "has_python", "_chains", "_op_chains")
 
     def __init__(self) -> None:
-        self.ops: dict[int, list[dict]] = {}
-        self.frames: dict[int, list[Site]] = {}
+        self.ops: dict[int, list[Event]] = {}
         self.has_python = False
+        #: id(runtime call) -> its innermost user-visible frame as a chain (see _op_chains),
+        #: made into sites only for the calls asked about (the copies, a few kernels)
+        self._chains: dict[int, tuple | None] = {}
         #: id(cpu_op) -> the innermost user-visible frame open at its start, as a chain
         #: (site, chain of the frames around it): one shared tuple per frame, not a list per op
         self._op_chains: dict[int, tuple | None] = {}
 
-    def op_sites(self, op: dict) -> list[Site]:
+    def frames(self, call: Event | None) -> list[Site]:
+        """The Python frames (sites) open at the runtime call `call`, innermost first; empty
+        when not known (no `with_stack`, or no call)."""
+        return _sites(self._chains.get(id(call))) if call is not None else []
+
+    def op_sites(self, op: Event) -> list[Site]:
         """The Python frames (sites) open when the cpu_op `op` started, innermost first; empty
         when not known (no `with_stack`, or `enclosing` was not asked for op frames)."""
         return _sites(self._op_chains.get(id(op)))
@@ -68,42 +76,43 @@ def _sites(chain: tuple | None) -> list[Site]:
     return sites
 
 
-def enclosing(events: list[dict], op_frames: bool = False) -> Enclosing:
+def enclosing(events: Iterable[Any], op_frames: bool = False) -> Enclosing:
     """One sweep per thread over its cpu_op, python_function and cuda_runtime events, sorted
     by start, longest first, keeping the ops and frames still open at each runtime call (and
-    with `op_frames`, at each cpu_op)."""
+    with `op_frames`, at each cpu_op). The keys are the `id()`s of the records of `events`
+    (read into records first when they are parsed dicts)."""
     out = Enclosing()
-    by_tid: dict[Any, list[dict]] = defaultdict(list)
-    for e in events:
-        if e.get("cat") in ("cpu_op", "cuda_runtime", "python_function") and e.get("ph") == "X":
-            by_tid[(e.get("pid"), e.get("tid"))].append(e)
+    by_tid: dict[Any, list[Event]] = defaultdict(list)
+    for e in as_events(events):
+        if e.cat in ("cpu_op", "cuda_runtime", "python_function") and e.ph == "X":
+            by_tid[(e.pid, e.tid)].append(e)
     for evs in by_tid.values():
-        evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
-        ops: list[tuple[float, dict]] = []  # (end, event)
+        evs.sort(key=lambda e: (e.ts, -e.dur))
+        ops: list[tuple[float, Event]] = []  # (end, event)
         # (end, the frames open there as a chain of sites: (innermost, chain of the rest));
         # a frame that is not a user's (frame_site None) adds nothing to the chain
         frames: list[tuple[float, tuple | None]] = []
         for e in evs:
-            ts = float(e["ts"])
+            ts = e.ts
             while ops and ops[-1][0] < ts:
                 ops.pop()
             while frames and frames[-1][0] < ts:
                 frames.pop()
-            cat, end = e["cat"], ts + float(e.get("dur", 0))
+            cat, end = e.cat, ts + e.dur
             if cat == "cpu_op":
                 ops.append((end, e))
                 if op_frames and frames:
                     out._op_chains[id(e)] = frames[-1][1]
             elif cat == "python_function":
                 out.has_python = True
-                site = frame_site(e.get("name", ""))
+                site = frame_site(e.name if e.name is not None else "")
                 chain = frames[-1][1] if frames else None
                 frames.append((end, (site, chain) if site is not None else chain))
             else:
                 key = id(e)
                 out.ops[key] = [op for _, op in ops]
                 if frames:
-                    out.frames[key] = _sites(frames[-1][1])
+                    out._chains[key] = frames[-1][1]
     return out
 
 
@@ -166,48 +175,44 @@ class Streams:
     """Each stream's kernels in start order, to find the one that ran just before a copy
     (its producer, inferred) or just after one."""
 
-    def __init__(self, events: list[dict]) -> None:
-        by_stream: dict[Any, list[dict]] = defaultdict(list)
+    def __init__(self, events: Iterable[Event]) -> None:
+        by_stream: dict[Any, list[Event]] = defaultdict(list)
         for e in events:
-            if e.get("cat") == "kernel":
-                by_stream[_stream(e)].append(e)
-        self._kernels = {s: sorted(ks, key=lambda k: float(k["ts"]))
-                         for s, ks in by_stream.items()}
-        self._starts = {s: [float(k["ts"]) for k in ks] for s, ks in self._kernels.items()}
+            if e.cat == "kernel":
+                by_stream[(e.pid, e.stream)].append(e)
+        self._kernels = {s: sorted(ks, key=lambda k: k.ts) for s, ks in by_stream.items()}
+        self._starts = {s: [k.ts for k in ks] for s, ks in self._kernels.items()}
 
-    def before(self, copy: dict) -> dict | None:
+    def before(self, copy: Event) -> Event | None:
         """The last kernel on `copy`'s stream that started before it."""
-        s = _stream(copy)
+        s = (copy.pid, copy.stream)
         starts = self._starts.get(s)
         if not starts:
             return None
-        i = bisect_left(starts, float(copy["ts"]))
+        i = bisect_left(starts, copy.ts)
         return self._kernels[s][i - 1] if i else None
 
-    def after(self, copy: dict) -> dict | None:
+    def after(self, copy: Event) -> Event | None:
         """The first kernel on `copy`'s stream that started after it."""
-        s = _stream(copy)
+        s = (copy.pid, copy.stream)
         starts = self._starts.get(s)
         if not starts:
             return None
-        i = bisect_left(starts, float(copy["ts"]))
+        i = bisect_left(starts, copy.ts)
         return self._kernels[s][i] if i < len(starts) else None
 
 
-def _stream(e: dict) -> Any:
-    args = e.get("args") or {}
-    return (e.get("pid"), args.get("stream", e.get("tid")))
-
-
-def inferred_ref(kernel: dict | None, runtime: dict[Any, dict], found: Enclosing) -> OpRef | None:
+def inferred_ref(kernel: Event | None, runtime: dict[Any, Event],
+                 found: Enclosing) -> OpRef | None:
     """The op that launched `kernel` (its innermost cpu_op, through the correlation id), or
     the kernel's own name when no op is recorded, labelled as inferred: the trace does not
     say which tensors a kernel read or wrote."""
     if kernel is None:
         return None
-    call = runtime.get((kernel.get("args") or {}).get("correlation"))
+    call = runtime.get(kernel.corr)
     key = id(call) if call is not None else None
     ops = found.ops.get(key, []) if key is not None else []
-    name = ops[-1].get("name", "") if ops else kernel.get("name", "kernel")[:60]
-    sites = found.frames.get(key, []) if key is not None else []
+    name = (ops[-1].name or "") if ops else (
+        kernel.name if kernel.name is not None else "kernel")[:60]
+    sites = found.frames(call)
     return OpRef(f"{name} (inferred)", "cuda", user_frame(sites))

@@ -2,7 +2,7 @@
 bytes and device time per path, the host's latencies where the trace shows them, and the
 device's properties. `memcpy-doctor calibrate --from-trace` fits them (run/calibrate_trace.py).
 
-Pure: parsed events in, plain records out (the same `{"path", "bytes", "ns"}` copy records
+Pure: events in (kineto/events.py records, or parsed dicts read into them), plain records out (the same `{"path", "bytes", "ns"}` copy records
 live calibration measures), so the fit is tested on hand-made traces.
 
 - copies: every `gpu_memcpy` event's `args.bytes` and `dur`, the DMA's own time on the device
@@ -26,6 +26,7 @@ from collections import Counter
 from itertools import accumulate
 from typing import Any
 
+from .events import Event, as_events
 from .stacks import enclosing
 
 _SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
@@ -52,64 +53,65 @@ def _ns(us: Any) -> int:
 
 def timings(data: dict) -> dict[str, Any]:
     """The records `calibrate_trace.fit_trace` fits, from one parsed torch.profiler trace."""
-    events = [e for e in data.get("traceEvents", []) if isinstance(e, dict) and "ts" in e
-              and e.get("ph", "X") == "X"]
+    read = as_events(data.get("traceEvents", []))
+    read.check()
+    events = [e for e in read if e.ph == "X" or e.ph is None]
     copies, local = [], []
     pinned_calls: set[Any] = set()  # correlation ids of pinned copies
     kernels: list[int] = []
     busy: list[tuple[float, float]] = []  # device work: (start, end) in us
     for e in events:
-        cat = e.get("cat")
+        cat = e.cat
         if cat in _DEVICE:
-            busy.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+            busy.append((e.ts, e.ts + e.dur))
         if cat == "kernel":
-            kernels.append(_ns(e.get("dur", 0)))
+            kernels.append(_ns(e.dur))
         elif cat == "gpu_memcpy":
-            path = copy_path(e.get("name", ""))
-            nbytes = (e.get("args") or {}).get("bytes")
+            path = copy_path(e.name if e.name is not None else "")
+            nbytes = e.nbytes
             if path is None or type(nbytes) is not int or nbytes <= 0:
                 continue
-            record = {"path": path, "bytes": nbytes, "ns": _ns(e.get("dur", 0))}
+            record = {"path": path, "bytes": nbytes, "ns": _ns(e.dur)}
             (local if path == "local" else copies).append(record)
             if path.endswith("_pinned"):
-                pinned_calls.add(e["args"].get("correlation"))
+                pinned_calls.add(e.corr)
     busy.sort()
     starts = [s for s, _ in busy]
     ends = list(accumulate((e for _, e in busy), max))  # the latest end so far
     sync_ns = []
     for e in events:
-        if e.get("cat") == "cuda_runtime" and e.get("name") in _SYNCS:
-            ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        if e.cat == "cuda_runtime" and e.name in _SYNCS:
+            ts, end = e.ts, e.ts + e.dur
             i = bisect_left(starts, end)  # device work that started before the call ended
             if i == 0 or ends[i - 1] <= ts:  # ... all of it had ended when the call began
-                sync_ns.append(_ns(e.get("dur", 0)))
+                sync_ns.append(_ns(e.dur))
     launch_ns, launch_call_ns = _launches(events)
-    memcpy_call_ns = [_ns(e.get("dur", 0)) for e in events if e.get("cat") == "cuda_runtime"
-                      and (e.get("args") or {}).get("correlation") in pinned_calls]
+    memcpy_call_ns = [_ns(e.dur) for e in events if e.cat == "cuda_runtime"
+                      and e.corr in pinned_calls]
     return {"device": _device(data), "copies": copies, "local_copies": local,
             "sync_ns": sync_ns, "launch_ns": launch_ns, "launch_call_ns": launch_call_ns,
             "memcpy_call_ns": memcpy_call_ns, "kernel_ns": kernels}
 
 
-def _launches(events: list[dict]) -> tuple[list[int], list[int]]:
+def _launches(events: list[Event]) -> tuple[list[int], list[int]]:
     found = enclosing(events)
     calls: Counter[int] = Counter()
     launches: Counter[int] = Counter()
-    ops: dict[int, dict] = {}
+    ops: dict[int, Event] = {}
     launch_call_ns = []
     for e in events:
-        if e.get("cat") != "cuda_runtime":
+        if e.cat != "cuda_runtime":
             continue
-        is_launch = e.get("name") in _LAUNCHES
+        is_launch = e.name in _LAUNCHES
         if is_launch:
-            launch_call_ns.append(_ns(e.get("dur", 0)))
+            launch_call_ns.append(_ns(e.dur))
         enclosing_ops = found.ops.get(id(e))
         if enclosing_ops:
             op = enclosing_ops[-1]
             ops[id(op)] = op
             calls[id(op)] += 1
             launches[id(op)] += is_launch
-    launch_ns = [_ns(ops[k].get("dur", 0)) for k, n in calls.items() if n == 1 and launches[k]]
+    launch_ns = [_ns(ops[k].dur) for k, n in calls.items() if n == 1 and launches[k]]
     return launch_ns, launch_call_ns
 
 

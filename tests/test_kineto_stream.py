@@ -1,0 +1,150 @@
+"""A torch.profiler trace read as a stream (kineto/stream.py): the same trace as parsed whole
+(top-level members before and after `traceEvents`, chunks cut anywhere, `.json.gz`, without
+ijson's C backend, a file yajl refuses), and memory that follows the records kept, not the
+events as dicts (peak Python allocations measured at two sizes)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from memcpy_doctor.kineto import stream
+from memcpy_doctor.kineto.reader import load_any, read_json
+
+pytestmark = pytest.mark.skipif(not stream.streaming(), reason="ijson's C backend not installed")
+
+
+def _x(cat: str, name: str, ts: float, dur: float, **args: object) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def _trace(steps: int) -> dict:
+    """`steps` steps of an upload, two ops with their kernels, flows, and an item()."""
+    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
+                           "args": {"name": "python"}}]
+    corr = 0
+    for s in range(steps):
+        t = s * 100.0
+        corr += 1
+        events += [_x("cpu_op", "aten::to", t, 30, **{"Record function id": corr}),
+                   _x("cuda_runtime", "cudaMemcpyAsync", t + 1, 20, correlation=corr),
+                   {**_x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", t + 2, 18,
+                         correlation=corr, stream=7, bytes=1 << 20), "pid": 0, "tid": 7},
+                   _x("cuda_runtime", "cudaStreamSynchronize", t + 22, 5)]
+        for i in range(2):
+            corr += 1
+            events += [_x("python_function", "train.py(12): step", t + 30 + 20 * i, 15),
+                       _x("cpu_op", f"aten::op{i} ü", t + 31 + 20 * i, 10, **{
+                           "External id": corr, "Sequence number": s, "Ev Idx": corr,
+                           "Input Dims": [[64, 256], [256], []], "Record function id": corr,
+                           "Input type": ["float", "float", "Scalar"],
+                           "Input Strides": [[256, 1], [1], []],
+                           "Concrete Inputs": ["", "]}", "1"]}),
+                       _x("cuda_runtime", "cudaLaunchKernel", t + 32 + 20 * i, 5,
+                          correlation=corr),
+                       {**_x("kernel", f"kernel_{i}", t + 38 + 20 * i, 9, correlation=corr,
+                             stream=7, grid=[128, 1, 1], block=[256, 1, 1], device=0,
+                             context=1, queued=0, **{"registers per thread": 32,
+                                                     "shared memory": 0, "blocks per SM": 1.18,
+                                                     "warps per SM": 9.48,
+                                                     "est. achieved occupancy %": 15,
+                                                     "External id": corr}),
+                        "pid": 0, "tid": 7},
+                       {"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": t + 38 + 20 * i,
+                        "cat": "ac2g", "name": "ac2g", "bp": "e"}]
+        corr += 1
+        events += [_x("cpu_op", "aten::item", t + 80, 15),
+                   _x("cpu_op", "aten::_local_scalar_dense", t + 81, 13),
+                   _x("cuda_runtime", "cudaMemcpyAsync", t + 82, 5, correlation=corr),
+                   {**_x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 88, 2,
+                         correlation=corr, stream=7, bytes=4), "pid": 0, "tid": 7},
+                   _x("cuda_runtime", "cudaStreamSynchronize", t + 90, 4)]
+    return {"schemaVersion": 1, "deviceProperties": [{"name": "A ]GPU[ }"}],
+            "traceEvents": events, "traceName": "x],}", "INFO": [["a", "]"], {"b": "}"}],
+            "distributedInfo": {"rank": 0, "world_size": 1}}
+
+
+def _fields(events: list) -> list[tuple]:
+    return [tuple(getattr(e, f) for f in type(e).__slots__) for e in events]
+
+
+def _same(a: dict, b: dict) -> None:
+    assert {k: v for k, v in a.items() if k != "traceEvents"} == {
+        k: v for k, v in b.items() if k != "traceEvents"}
+    ea, eb = a["traceEvents"], b["traceEvents"]
+    assert _fields(ea) == _fields(eb) and len(ea) > 0
+    assert (ea.cats, ea.start, ea.end, ea.seen) == (eb.cats, eb.start, eb.end, eb.seen)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 16])
+def test_the_stream_reads_what_the_whole_parse_reads(tmp_path, monkeypatch, chunk):
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(_trace(5), ensure_ascii=False), encoding="utf-8")
+    whole = stream._whole(str(path), "a trace")
+    monkeypatch.setattr(stream, "CHUNK_BYTES", chunk)
+    _same(stream._streamed(str(path)), whole)
+
+
+def test_members_after_the_events_end_with_brackets_in_strings(tmp_path):
+    data = _trace(2)
+    data["traceEvents"].append({"ph": "i", "name": "x", "ts": 1, "pid": 1, "tid": 1,
+                                "args": {"note": "]"}})
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(data, indent=1))
+    got = stream._streamed(str(path))
+    assert got["INFO"] == [["a", "]"], {"b": "}"}] and got["traceName"] == "x],}"
+    assert got["deviceProperties"] == [{"name": "A ]GPU[ }"}]
+
+
+def test_a_gz_trace_streams(tmp_path):
+    plain, packed = tmp_path / "k.json", tmp_path / "k.json.gz"
+    plain.write_text(json.dumps(_trace(40)))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    _same(stream._streamed(str(packed)), stream._whole(str(plain), "a trace"))
+
+
+def test_without_the_c_backend_the_trace_is_the_same(tmp_path, monkeypatch):
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(_trace(20)))
+    streamed = load_any(str(path)).to_dict()
+    monkeypatch.setattr(stream, "_IJSON", None)
+    assert load_any(str(path)).to_dict() == streamed
+
+
+def test_a_file_yajl_refuses_is_parsed_whole(tmp_path):
+    data = _trace(3)
+    data["traceEvents"][1]["args"]["occupancy"] = float("nan")  # json writes NaN
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(data))
+    assert len(read_json(str(path))["traceEvents"]) == len(
+        stream._whole(str(path), "a trace")["traceEvents"])
+
+
+def _peak(read, path: Path) -> int:
+    tracemalloc.start()
+    try:
+        kept = read(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del kept
+    return peak
+
+
+def test_memory_follows_the_records_not_the_events_as_dicts(tmp_path):
+    """Between two sizes, what a streamed read's peak grows by per event is a small part of
+    what parsing the events as dicts grows by (json.loads: about 1 KB an event here)."""
+    small, large = tmp_path / "small.json", tmp_path / "large.json"
+    small.write_text(json.dumps(_trace(100)))
+    large.write_text(json.dumps(_trace(500)))
+    events = len(_trace(500)["traceEvents"]) - len(_trace(100)["traceEvents"])
+    streamed = (_peak(read_json, large) - _peak(read_json, small)) / events
+    whole = (_peak(lambda p: json.loads(Path(p).read_text()), large)
+             - _peak(lambda p: json.loads(Path(p).read_text()), small)) / events
+    assert whole > 700, whole  # the measurement sees the dicts
+    assert streamed < whole / 3, (streamed, whole)
