@@ -7,9 +7,10 @@
 # the package runs from this checkout (PYTHONPATH; without its C files, which fall back to
 # Python). Steps, in order, each under `timeout` and all within GPU_RUN_BUDGET seconds (default
 # 285): the machine's facts, the cuda-marked tests, `calibrate --quick`, the host cost of
-# PyTorch's GPU trace callbacks, and fidelity (sim against the GPU, with the calibrated
-# profile) on its --subset, GPU_RUN_JOBS runs side by side (default: the CPUs, 12 at most). A
-# step runs even if the one before failed.
+# PyTorch's GPU trace callbacks, light mode against the full tracer and a plain run
+# (benchmarks/light_overhead.py: its table and JSON line go to log.txt), and fidelity (sim
+# against the GPU, with the calibrated profile) on its --subset, GPU_RUN_JOBS runs side by side
+# (default: the CPUs, 12 at most). A step runs even if the one before failed.
 #
 # $OUT (default gpu-run/) gets 8 files at most, the most a lent machine sends back:
 #   summary.json           each step: command, time limit, exit status, wall seconds (rewritten
@@ -21,9 +22,9 @@
 #   fidelity.json          per program: sim and GPU sync calls, bytes, waits, times, paths
 #   fidelity-traces.tar.gz every fidelity run's trace
 #
-# GPU_RUN_SIM=1 runs fidelity with --sim-only, so that the whole plumbing can be run and timed
-# on a machine without a GPU (where the steps that need one fail at once). Exit status: 0 when
-# every step exited 0, else 1.
+# GPU_RUN_SIM=1 runs fidelity with --sim-only and light-overhead with --device sim, so that the
+# whole plumbing can be run and timed on a machine without a GPU (where the steps that need one
+# fail at once). Exit status: 0 when every step exited 0, else 1.
 set -u
 out=${OUT:-gpu-run}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 1
@@ -115,6 +116,10 @@ step calibrate 60 "$py" -m memcpy_doctor calibrate --quick -o "$out/calibrated.j
     --measurements "$out/measurements.json"
 step gpu-trace-cost 45 "$py" benchmarks/gpu_trace_cost.py -n 10000 --repeats 3 \
     --json "$out/gpu-trace-cost.json"
+sim_device=()
+[ "$sim" = 1 ] && sim_device=(--device sim)
+step light-overhead 45 "$py" benchmarks/light_overhead.py "${sim_device[@]}" --iters 200 \
+    --repeats 3
 
 # fidelity's simulated side: the profile just measured, else the shipped one of this GPU
 profile=$out/calibrated.json
