@@ -151,6 +151,18 @@ class LightHooks:
                             at_ns=perf_counter_ns() - self.start_ns)
 
     # ----- the wrapped calls -----
+    def timed_call(self, ident: int, call: Callable, args: tuple,
+                   kwargs: dict) -> tuple[Any, int]:
+        """`call(*args, **kwargs)` and its wall time, with the thread `ident` quiet while it
+        runs (a sync warning inside it belongs to the call, which is recorded as a whole)."""
+        self.quiet.add(ident)
+        try:
+            t0 = perf_counter_ns()
+            result = call(*args, **kwargs)
+            return result, perf_counter_ns() - t0
+        finally:
+            self.quiet.discard(ident)
+
     def timed(self, kind: str, original: Callable) -> Callable:
         """`original` (a host wait), recorded with its wall time at its caller's site; a
         sync warning inside it is its own, not counted again."""
@@ -160,13 +172,7 @@ class LightHooks:
             ident = _get_ident()
             if ident in quiet:
                 return original(*args, **kwargs)
-            quiet.add(ident)
-            try:
-                t0 = perf_counter_ns()
-                result = original(*args, **kwargs)
-                ns = perf_counter_ns() - t0
-            finally:
-                quiet.discard(ident)
+            result, ns = self.timed_call(ident, original, args, kwargs)
             self.wait(kind, ns, _getframe(1))
             return result
 
@@ -188,13 +194,7 @@ class LightHooks:
             if (ident in quiet or not isinstance(src, torch.Tensor) or not src.is_cuda
                     or dst.is_cuda or dst.is_pinned()):
                 return original(dst, *args, **kwargs)
-            quiet.add(ident)
-            try:
-                t0 = perf_counter_ns()
-                result = original(dst, *args, **kwargs)
-                ns = perf_counter_ns() - t0
-            finally:
-                quiet.discard(ident)
+            result, ns = self.timed_call(ident, original, (dst, *args), kwargs)
             self.copy(src, ns, _getframe(1))
             return result
 
