@@ -129,24 +129,25 @@ def test_gpu_run_runs_every_step_in_order_and_records_each(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["log.txt", "summary.json"]
     py = str(tmp_path / "bin" / "python")
     steps = summary["steps"]
-    assert [(s["name"], s["exit"], s["timed_out"], s["limit_s"]) for s in steps[:5]] == [
+    assert [(s["name"], s["exit"], s["timed_out"], s["limit_s"]) for s in steps[:6]] == [
         ("nvidia-smi", 0, False, 15), ("versions", 0, False, 30),
         ("cuda-tests", 0, False, 120), ("calibrate", 2, False, 60),
-        ("gpu-trace-cost", 0, False, 45)]
+        ("gpu-trace-cost", 0, False, 45), ("light-overhead", 0, False, 45)]
     # fidelity: what is left of the budget, 150 s at most; it stops itself 15 s before
-    limit = steps[5]["limit_s"]
-    assert (steps[5]["name"], steps[5]["exit"], steps[5]["timed_out"]) == ("fidelity", 0, False)
+    limit = steps[6]["limit_s"]
+    assert (steps[6]["name"], steps[6]["exit"], steps[6]["timed_out"]) == ("fidelity", 0, False)
     assert limit in (149, 150)  # (whole seconds spent so far: none or one)
-    assert [s["command"] for s in steps[:5]] == [
+    assert [s["command"] for s in steps[:6]] == [
         "nvidia-smi", f"{py} -",
         f"{py} -m pytest -q -p no:cacheprovider -m cuda -rfE -o faulthandler_timeout=60 "
         f"--junitxml={out}/cuda-tests.xml tests",
         f"{py} -m memcpy_doctor calibrate --quick -o {out}/calibrated.json --measurements "
         f"{out}/measurements.json",
         f"{py} benchmarks/gpu_trace_cost.py -n 10000 --repeats 3 --json "
-        f"{out}/gpu-trace-cost.json"]
+        f"{out}/gpu-trace-cost.json",
+        f"{py} benchmarks/light_overhead.py --iters 200 --repeats 3"]
     # no calibrated profile: the shipped one of the GPU nvidia-smi names
-    assert steps[5]["command"].startswith(
+    assert steps[6]["command"].startswith(
         f"{py} benchmarks/fidelity.py --subset --jobs 12 --timeout 90 --deadline {limit - 15} "
         f"--device-profile h200-sxm-141gb --json {out}/fidelity.json --keep /")
     assert (summary["schema_version"], summary["sim"], summary["budget_s"],
@@ -169,6 +170,6 @@ def test_gpu_run_stops_a_step_at_the_budget_and_runs_none_after(tmp_path):
         == ("nvidia-smi", 124, True, 5)
     assert [(s["name"], s["exit"], s["limit_s"]) for s in steps[1:]] == [
         ("versions", None, 0), ("cuda-tests", None, 0), ("calibrate", None, 0),
-        ("gpu-trace-cost", None, 0), ("fidelity", None, 0)]
+        ("gpu-trace-cost", None, 0), ("light-overhead", None, 0), ("fidelity", None, 0)]
     log = (out / "log.txt").read_text()
     assert "=== versions: not run, the budget of 5 s is spent\n" in log
