@@ -275,7 +275,9 @@ def test_cli_light_on_the_sim_reports_syncs_and_keeps_other_warnings(tmp_path):
     explain = cli_in_process("explain", "t.json", cwd=tmp_path)
     assert explain.status == 0, explain.err
     assert "Note: light mode: a `sync_debug` copy is a sync found by its warning" in explain.out
-    assert "4 copies (DtoH `sync_debug`), 0 ms, at prog.py:7" in explain.out  # one burst
+    # (whether the 4 reads are "per step" or "one-off" depends on this machine's wall clock,
+    # which light mode's times are: explain lists them either way, at their line)
+    assert "sync copies: 4 calls, 0 ms" in explain.out and "prog.py:7" in explain.out
 
 
 def test_cli_light_usage_errors_are_one_line(tmp_path, monkeypatch):
