@@ -278,6 +278,8 @@ def test_cli_light_on_the_sim_reports_syncs_and_keeps_other_warnings(tmp_path):
     # (whether the 4 reads are "per step" or "one-off" depends on this machine's wall clock,
     # which light mode's times are: explain lists them either way, at their line)
     assert "sync copies: 4 calls, 0 ms" in explain.out and "prog.py:7" in explain.out
+    assert explain.out.startswith("Copies the host waited for (simulated NVIDIA A100-SXM4-80GB; "
+                                  "light mode: times are this machine's wall clock)\n")
 
 
 def test_cli_light_usage_errors_are_one_line(tmp_path, monkeypatch):

@@ -89,6 +89,7 @@ class Explanation:
     sync_time_ns: int = 0
     #: what the trace lacks for attribution (an imported profile without Python stacks)
     notes: list[str] = field(default_factory=list)
+    light: bool = False  # a light-mode trace: its times are the wall clock's, even simulated
 
 
 def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
@@ -136,7 +137,8 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
                        sync_calls=sum(c.calls for c in sync),
                        sync_time_ns=sum(c.time_ns for c in sync),
                        notes=[u for u in trace.meta.untraced
-                              if u == NO_STACK_NOTE or u == LIGHT_SYNC_NOTE])
+                              if u == NO_STACK_NOTE or u == LIGHT_SYNC_NOTE],
+                       light=trace.meta.light)
 
 
 def _step(c: CopyRecord, total: int, source: SourceReader) -> CopyStep:

@@ -106,8 +106,10 @@ def render_set_aside(not_worth_it: list[Suggestion], dropped: list[Suggestion]) 
 
 def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
                         cwd: str | None = None) -> str:
-    place = (f"simulated {exp.device_name}; times are modeled" if exp.simulated
-             else exp.device_name)
+    place = exp.device_name
+    if exp.simulated:
+        place = (f"simulated {place}; light mode: times are this machine's wall clock"
+                 if exp.light else f"simulated {place}; times are modeled")
     share = exp.sync_time_ns / exp.total_ns if exp.total_ns else 0.0
     lines = [f"Copies the host waited for ({place})",
              f"Total time {_ms(exp.total_ns)}; sync copies: {exp.sync_calls} calls, "
