@@ -575,14 +575,16 @@ def test_trace_compiled_calls_option_is_checked(tmp_path):
 def test_a_literal_cuda_device_inside_a_compiled_function_runs_on_the_simulated_gpu(tmp_path):
     """Dynamo traces a compiled function on the simulated GPU with every cuda device it names
     made the host (the graph is compiled for the host its tensors live on); the copies between
-    devices inside the graph are not simulated, and the report says where they are."""
+    devices inside the graph are not simulated, and the report says where they are (not at a
+    `.to(x.device)`, most often no move at all)."""
     trace, path, scope = run_program(tmp_path, """\
         import torch
         @torch.compile
         def step(x):
             m = torch.ones(4, device="cuda")
             n = torch.arange(4).cuda()
-            return (x * m + n).sum(), x.to("cuda")
+            k = m.to(x.device)
+            return (x * k + n).sum(), x.to("cuda")
         x = torch.arange(4.0, device="cuda")
         for i in range(4):
             s, d = step(x)
@@ -592,5 +594,5 @@ def test_a_literal_cuda_device_inside_a_compiled_function_runs_on_the_simulated_
     [graph] = trace.compile.graphs
     assert graph.calls == 4
     assert ("Torch-Compiled Region: 0/0 moves tensors between devices inside the graph (at "
-            "prog.py:5, prog.py:6): the simulated GPU compiles it for the host") in \
+            "prog.py:5, prog.py:7): the simulated GPU compiles it for the host") in \
         " ".join(trace.compile.notes)

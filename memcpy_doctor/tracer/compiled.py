@@ -40,7 +40,8 @@ Tensor = torch.Tensor
 #: FX targets that read device data back to the host (Dynamo's graph, before AOT autograd).
 _HOST_READS = {"item", "tolist", "nonzero", "__bool__", "__int__", "__float__",
                "_local_scalar_dense", "masked_select", "unique", "bincount", "argwhere"}
-#: FX targets that move a tensor to a device (`to` only with a device among its arguments)
+#: FX targets that move a tensor to a device (`to` only with a device named by a string, as
+#: `.to("cpu")`, or `.to("cuda")` made the host's for a compile on the simulated GPU)
 _MOVES = {"cpu", "cuda", "to"}
 _STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _GB_CODE = re.compile(r"/gb/(gb\d+)\.html|\b(GB\d{4})\b")
@@ -92,7 +93,7 @@ def _target_name(node: Any) -> str:
 
 def graph_sites(gm: Any) -> tuple[Site | None, list[Site], list[Site]]:
     """A Dynamo graph's first user line, the lines of its host reads, in order, and those of
-    the calls in it that move a tensor to a device (`.cpu()`, `.cuda()`, `.to(device)`)."""
+    the calls in it that move a tensor to a device (`.cpu()`, `.cuda()`, `.to("cuda")`)."""
     first, reads, moves = None, [], []
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
@@ -105,8 +106,8 @@ def graph_sites(gm: Any) -> tuple[Site | None, list[Site], list[Site]]:
         if name in _HOST_READS:
             reads.append(site)
         elif name in _MOVES and (name != "to" or any(
-                isinstance(a, (str, torch.device)) for a in (*node.args, *node.kwargs.values()))):
-            moves.append(site)
+                isinstance(a, str) for a in (*node.args, *node.kwargs.values()))):
+            moves.append(site)  # (`.to(x.device)`, most often to the same device: not one)
     return first, reads, moves
 
 
