@@ -219,6 +219,17 @@ def test_ranks_text():
     assert same.endswith("\n\nAll 2 traces make the same sync copies.\n")
 
 
+def test_light_rank_traces_say_their_times_are_the_wall_clock_s():
+    """Light mode's times on the simulated GPU are measured around its wrapped calls, not
+    modeled: the per-rank table says so, as explain and the report do."""
+    light = render_ranks_text(compare_ranks([rank_trace(0, light=True),
+                                             rank_trace(1, light=True)]), ["a", "b"])
+    assert light.startswith("Ranks: 2 traces; light mode: times are this machine's wall "
+                            "clock (simulated GPU)\n")
+    full = render_ranks_text(compare_ranks([rank_trace(0), rank_trace(1)]), ["a", "b"])
+    assert full.startswith("Ranks: 2 traces; times are modeled (simulated GPU)\n")
+
+
 def test_traces_without_ranks_are_labelled_by_position():
     comp = compare_ranks([make_trace(), make_trace(exit_status=1, ended_by="exception")])
     text = render_ranks_text(comp, ["a.json", "b.json"])

@@ -72,9 +72,10 @@ def _difference_lines(comp: RankComparison, d: RankDifference, cwd: str | None) 
 def render_ranks_text(comp: RankComparison, names: list[str], cwd: str | None = None) -> str:
     """The per-rank table (with the merged figures as `all`) and the differing ranks."""
     from tabulate import tabulate  # where a table is drawn (see render/diff.py)
-    simulated = comp.merged.meta.simulated
-    lines = [f"Ranks: {len(comp.ranks)} traces"
-             + ("; times are modeled (simulated GPU)" if simulated else ""),
+    meta = comp.merged.meta
+    times = ("; light mode: times are this machine's wall clock (simulated GPU)" if meta.light
+             else "; times are modeled (simulated GPU)")
+    lines = [f"Ranks: {len(comp.ranks)} traces" + (times if meta.simulated else ""),
              tabulate(_table_rows(comp, names), headers=_HEADERS, tablefmt="plain",
                       disable_numparse=True), ""]
     lines += render_differences_text(comp, cwd)
