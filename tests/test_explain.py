@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from helpers import make_trace
 from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.compare import compare
 from memcpy_doctor.analysis.edits import guard_diff
@@ -266,6 +267,19 @@ def test_compare_shows_the_removed_paths(prog, tmp_path):
     text = render_diff(c, "before.json", "after.json", cwd=str(tmp_path))
     assert "Total time          10             9             -10.0%" in text
     assert "HtoD to      prog.py:6  10 -> 0" in text
+
+
+def test_diff_says_when_a_trace_is_light_mode():
+    """A light trace's syncs are `sync_debug` copies by line, with no ops: against a full
+    trace every path differs in kind, and diff says so rather than call them all new."""
+    full, light = make_trace(), make_trace(light=True)
+    mixed = render_diff(compare(full, light), "full.json", "light.json")
+    assert ("Warning: one trace is light mode (syncs by line as `sync_debug`, no ops), the "
+            "other full: their sync paths differ in kind, compare them by line") in mixed
+    assert "Times are modeled" not in mixed
+    both = render_diff(compare(light, light), "a.json", "b.json")
+    assert "Both light mode: syncs by line, no ops" in both
+    assert "light mode" not in render_diff(compare(full, full), "a.json", "b.json")
 
 
 EMB_SOURCE = textwrap.dedent("""\

@@ -38,6 +38,7 @@ class Comparison:
     #: how each run compiled: None for a run that compiled nothing, else its graphs, graph
     #: breaks and recompiles (trace.compile)
     compiled: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None] = (None, None)
+    light: tuple[bool, bool] = (False, False)  # which run `profile --light` recorded
 
 
 def _paths(trace: Trace) -> dict[tuple, list[int]]:
@@ -79,7 +80,8 @@ def compare(before: Trace, after: Trace) -> Comparison:
              if pb.get(k, [0, 0])[0] != pa.get(k, [0, 0])[0]]
     return Comparison(figures, events, paths,
                       (before.meta.simulated, after.meta.simulated),
-                      (_compiled(before), _compiled(after)))
+                      (_compiled(before), _compiled(after)),
+                      (before.meta.light, after.meta.light))
 
 
 def _compiled(trace: Trace) -> tuple[int, int, int] | None:

@@ -51,7 +51,11 @@ def render_diff(c: Comparison, before_name: str, after_name: str,
                 cwd: str | None = None) -> str:
     from tabulate import tabulate  # here, not at the top: its import alone costs 20 ms
     lines = [f"Before: {before_name}", f"After:  {after_name}"]
-    if any(c.simulated):
+    if any(c.light):  # (light mode's syncs: trigger sync_debug, no ops, wall-clock times)
+        lines.append("Both light mode: syncs by line, no ops" if all(c.light) else
+                     "Warning: one trace is light mode (syncs by line as `sync_debug`, no ops), "
+                     "the other full: their sync paths differ in kind, compare them by line")
+    if any(c.simulated) and not any(c.light):
         lines.append("Times are modeled (simulated GPU)" if all(c.simulated)
                      else "Warning: one trace is simulated, the other measured")
     before, after = c.compiled
