@@ -42,7 +42,6 @@ except ImportError:
 CHUNK_BYTES = 1 << 16
 #: The prefix ijson gives the elements of the top-level `traceEvents` array.
 _EVENTS_PREFIX = "traceEvents.item"
-_WHITESPACE = b" \t\n\r"
 _DECODER = json.JSONDecoder()
 
 
@@ -102,10 +101,7 @@ def _text(path: str, raw: bytes) -> str:
 
 def _whole(path: str, what: str) -> Any:
     """read_json by the standard library: the file parsed whole, its events then cut."""
-    try:
-        data = json.loads(_text(path, _raw(path)))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: not {what} (not valid JSON: {e})") from None
+    data = read_whole(path, what)
     if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
         data["traceEvents"] = as_events(data["traceEvents"])
     return data
