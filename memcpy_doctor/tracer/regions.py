@@ -114,8 +114,9 @@ class Region:
         self.steady: dict[Any, tuple[int, int]] = {}
         self.noisy = False
 
-    def shapes_key(self, ins: list) -> Any:
-        return tuple([t.shape for t in ins]) if self.dynamic else None
+    @staticmethod
+    def shapes_key(ins: list) -> tuple:
+        return tuple([t.shape for t in ins])
 
     def learn(self, key: Any, quiet: bool, ins: list, extra: tuple[int, int],
               calls_traced: int | None) -> None:
