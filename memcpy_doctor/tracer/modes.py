@@ -88,8 +88,9 @@ class FunctionMode(TorchFunctionMode):
         state.sites.add_boundary(FunctionMode._plain.__code__)
         handler = self._handler()
         self.__torch_function__ = types.MethodType(handler, self)
-        dynamo_skip_frame(handler.__code__)  # run as it is when called, never compiled
-        dynamo_skip_frame(FunctionMode._plain.__code__)
+        for code in (handler.__code__, FunctionMode._plain.__code__,
+                     FunctionMode._kind.__code__):  # run as they are when called, never
+            dynamo_skip_frame(code)  # compiled (_kind: before the eval-frame switch)
 
     def _kind(self, func: Any) -> int:
         if func in self.handlers:
@@ -124,18 +125,18 @@ class FunctionMode(TorchFunctionMode):
                 if sim and not state.suspended:  # traces: the call alone, as without a mode;
                     func, args, kwargs = on_host(func, args, kwargs)  # for the sim's host)
                 return func(*args, **kwargs)
+            try:
+                kind = kinds.get(func)
+            except TypeError:
+                kind = None
+            if kind is None:
+                kind = kind_of(func)
+            if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, never a copy (and
+                return func(*args, **kwargs) if kwargs else func(*args)  # none of our code)
             # no eval-frame callback runs the tracer's own code (in a compiled function's
             # graph-break code, Dynamo would compile this handler and those it calls)
             prior = set_eval_frame(None)
             try:
-                try:
-                    kind = kinds.get(func)
-                except TypeError:
-                    kind = None
-                if kind is None:
-                    kind = kind_of(func)
-                if kind == _GETTER:  # t.shape, t.dtype, ...: the commonest call, never a copy
-                    return func(*args, **kwargs) if kwargs else func(*args)
                 if kind == _HANDLED:
                     return handlers[func](func, args, kwargs)
                 if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):

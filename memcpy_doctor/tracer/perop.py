@@ -185,8 +185,8 @@ def recorder(state: TraceState) -> Callable[..., None]:
                 start, host_ns = timeline.device_ns, launch_ns
                 timeline.device_ns = (host if host > start else start) + device_ns
                 timeline.busy_ns += device_ns
-                agg.kernel_times.append(device_ns)  # folded later, as `times`
-                if len(agg.kernel_times) >= fold_at:
+                (kernels := agg.kernel_times).append(device_ns)  # folded later, as `times`
+                if len(kernels) >= fold_at:
                     agg.fold()
             agg.flops += flops
             agg.bytes += nbytes
