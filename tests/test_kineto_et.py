@@ -19,6 +19,7 @@ from helpers import cli_in_process
 from memcpy_doctor.kineto.reader import (INFERRED_NOTE, from_kineto, kineto_pid, load_any,
                                        read_execution_trace)
 from memcpy_doctor.kineto.et import EtJoin, parse_execution_trace
+from memcpy_doctor.kineto.events import as_events
 from memcpy_doctor.kineto.stacks import enclosing
 from memcpy_doctor.core.trace import OpRef, Site, TraceError
 
@@ -242,8 +243,8 @@ def test_a_real_et_joins_its_profile_by_record_function_id(tmp_path):
     assert real.producer(to, to.ins[0][1]).name == "aten::mul"
     assert real.consumer(to, to.outs[0][1]).name == "aten::add"
     # through the Kineto side: item()'s ops, found by their record function ids
-    events = [e for e in kin["traceEvents"] if "ts" in e]
-    found = enclosing(events, op_frames=True)
+    events = as_events(e for e in kin["traceEvents"] if "ts" in e)
+    found = enclosing(events)
     join = EtJoin(real, events, found, "kineto.json")
     item = [e for e in ops if e["name"] in ("aten::item", "aten::_local_scalar_dense")]
     producer, _ = join.ends(item, 0, "HtoD")  # on the CPU, the source is on the host

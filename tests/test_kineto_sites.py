@@ -12,7 +12,7 @@ import sys
 from memcpy_doctor.analysis.attribution import explain, user_site
 from memcpy_doctor.core.site import NO_STACK_NOTE
 from memcpy_doctor.kineto.reader import SITES_NOTE, from_kineto
-from memcpy_doctor.kineto.stacks import frame_site
+from memcpy_doctor.kineto.frames import frame_site
 from memcpy_doctor.core.trace import OpRef, Site
 
 LIB = "/opt/venv/lib/python3.11/site-packages/mylib/loop.py"

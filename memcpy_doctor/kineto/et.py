@@ -37,8 +37,9 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from typing import Any
 
-from .events import Event, as_events
-from .stacks import Enclosing, user_frame
+from .events import OP, Event, as_events, to_records
+from .frames import user_frame
+from .stacks import Enclosing
 from ..core.trace import OpRef, TraceError
 
 #: A tensor in an ET: (tensor id, storage id, on the host).
@@ -222,21 +223,20 @@ class EtJoin:
     def __init__(self, et: ExecutionTrace, events: Any, found: Enclosing,
                  source: str) -> None:
         self.et, self.found = et, found
-        self.ops: dict[int, Event] = {}  # rf_id -> the Kineto cpu_op, where the ET has it
+        self.ops: dict[int, int] = {}  # rf_id -> the Kineto cpu_op's id, where the ET has it
         ids = same = differ = 0
-        for e in as_events(events):
-            if e.cat != "cpu_op":
-                continue
-            rf = e.rf
-            if type(rf) is not int or rf <= 0:
-                continue
+        events = as_events(events)
+        names = events.names
+        for id_, rf, name in events.query(f"SELECT id, rf, name FROM ev WHERE k = {OP} AND "
+                                          "typeof(rf) = 'integer' AND rf > 0 ORDER BY id"):
             ids += 1
             node = et.by_rf.get(rf)
-            if node is not None and node.name == e.name:
+            if node is not None and node.name == names[name]:
                 same += 1
-                self.ops[rf] = e
+                self.ops[rf] = id_
             elif node is not None:
                 differ += 1
+        self._events = events
         if not ids:  # PyTorch numbers RecordFunctions only while an ET observer is on
             raise TraceError(f"{source}: its ops carry no record function ids, so it cannot be "
                              f"joined to {et.source} (it was recorded without an "
@@ -257,8 +257,7 @@ class EtJoin:
         are not in the ET."""
         if at < 0:
             return None
-        if not all(isinstance(op, Event) for op in ops):
-            ops = as_events(ops)
+        ops = to_records(ops)
         src = None
         for op in reversed(ops[at:]):  # the innermost op that has the source as an input
             node = self._node(op)
@@ -286,7 +285,7 @@ class EtJoin:
         return self.et.by_rf.get(rf) if rf in self.ops else None
 
     def _ref(self, node: EtNode, host: bool) -> OpRef:
-        op = self.ops.get(node.rf)
+        op = self._events.get(self.ops.get(node.rf))
         site = user_frame(self.found.op_sites(op)) if op is not None else None
         return OpRef(node.name, "cpu" if host else "cuda", site)
 

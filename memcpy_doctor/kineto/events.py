@@ -1,42 +1,69 @@
-"""A torch.profiler trace's events as the kineto/ readers keep them: one small record per event
-they look at, made as the event is read, so that memory follows the events kept, not the file.
+"""A torch.profiler trace's events as the kineto/ readers keep them: each event they look at
+cut at once to a row of a private temporary SQLite database, so that the memory a read
+takes stays the same whatever the trace's size, and the readers' joins run there.
 
 `json.loads` of a trace holds every event whole: `Input Dims`, kernel occupancies, flow ids,
-each in a dict of its own, six times the file in Python objects. The readers need eleven
+each in a dict of its own, six times the file in Python objects; records of the fields the
+readers use still grow with the trace (about 330 bytes an event). The readers need eleven
 fields of six categories of events (`cpu_op`, `python_function`, `cuda_runtime`, `kernel`,
 `gpu_memcpy`, `gpu_memset`); of every other event, only its category and its time span (the
-trace's span and the check for CUDA activity read them). `Events` is what is kept: a list of
-`Event` records, the categories seen, the span, and the first event that could not be read.
+trace's span and the check for CUDA activity read them). The rows go to a database SQLite
+opens on an empty file name: it lives in SQLite's page cache (CACHE_KIB) and spills to a
+temporary file past it, deleted when the store is closed or collected. So what a read holds
+is that cache, the distinct names and threads, and what the readers make of the rows (the
+copies' records, the event summary's rows), not the events.
 
-How a field is read keeps what the dict readers did with it: `ts` and `dur` as floats (`dur`
-0 where absent), `args.stream` falling back to the thread, the rest as JSON gave it, None
-where absent (a field given as `null` reads as absent). An event whose `ts`/`dur` is not a
-number, or whose `args` is not an object, is kept out, and its error (the one the dict
-readers raised: `could not convert string to float: 'soon'`, `'list' object has no
-attribute 'get'`) is raised when the events are mapped (`Events.check`), so a malformed trace
-still gets one line naming it.
+A row: `id` (the event's place among `traceEvents`, from 1), `k` (its kind, KINDS), `ph`,
+`th` (its (pid, tid), numbered as first seen: `threads`), `ts` and `dur` (microseconds,
+floats, `dur` 0 where absent), `ns` (`dur` in whole nanoseconds, rounded as `round` does),
+`name` (numbered as first seen: `names`), `corr` (`args.correlation`), `sk` (its (pid,
+stream), `args.stream` falling back to the thread, numbered: `streams`), `nbytes`
+(`args.bytes`), `rf` (`args.Record function id`). Values are as JSON gave them, None where
+absent (a field given as `null` reads as absent). An event whose `ts`/`dur` is not a number,
+whose `args` is not an object, or whose field holds a list or an object where the readers
+want a value, is kept out, and its error is raised when the events are mapped
+(`Events.check`), so a malformed trace still gets one line naming it.
+
+`Event` is one row as a record, made only for the events a reader asks about (a copy, its
+runtime call, the ops around it), never for all of them at once.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import sqlite3
+from typing import Any, Iterable, Iterator
 
+from .frames import frame_site
+
+#: The categories of events the readers use, by kind number (the `k` column).
+KINDS = ("cpu_op", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset")
+OP, FRAME, RUNTIME, KERNEL, MEMCPY, MEMSET = range(len(KINDS))
 #: The categories of events the readers use; of the others only the category and span count.
-KEPT_CATEGORIES = frozenset(("cpu_op", "python_function", "cuda_runtime", "kernel",
-                             "gpu_memcpy", "gpu_memset"))
+KEPT_CATEGORIES = frozenset(KINDS)
+#: The page cache of a store's database, in KiB: what a read holds at most of its rows.
+CACHE_KIB = 2048
+#: Rows written at a time.
+_BATCH = 4096
+_KIND = {c: i for i, c in enumerate(KINDS)}
+_SCHEMA = ("CREATE TABLE ev (id INTEGER PRIMARY KEY, k INT, ph, th INT, ts REAL, dur REAL, "
+           "ns INT, name INT, corr, sk INT, nbytes, rf)")
+_INSERT = "INSERT INTO ev VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+#: The columns a record is made of, in Event's order (see Events.record).
+COLUMNS = "id, k, ph, th, ts, dur, name, corr, sk, nbytes, rf"
 
 
 class Event:
-    """One kept event: its phase, category, name, process and thread, start and duration
-    (microseconds, floats), and from its `args`: `correlation`, the stream (`stream`, else the
-    thread), `bytes` and `Record function id` (`rf`)."""
+    """One kept event: its place among `traceEvents` (`id`), phase, category, name, process
+    and thread, start and duration (microseconds, floats), and from its `args`:
+    `correlation`, the stream (`stream`, else the thread), `bytes` and `Record function id`
+    (`rf`)."""
 
-    __slots__ = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "corr", "stream", "nbytes",
-                 "rf")
+    __slots__ = ("id", "ph", "cat", "name", "pid", "tid", "ts", "dur", "corr", "stream",
+                 "nbytes", "rf")
 
-    def __init__(self, ph: Any, cat: Any, name: Any, pid: Any, tid: Any, ts: float,
+    def __init__(self, id: int, ph: Any, cat: Any, name: Any, pid: Any, tid: Any, ts: float,
                  dur: float, corr: Any, stream: Any, nbytes: Any, rf: Any) -> None:
-        self.ph, self.cat, self.name, self.pid, self.tid = ph, cat, name, pid, tid
+        self.id, self.ph, self.cat, self.name, self.pid, self.tid = id, ph, cat, name, pid, tid
         self.ts, self.dur, self.corr, self.stream, self.nbytes, self.rf = (
             ts, dur, corr, stream, nbytes, rf)
 
@@ -44,81 +71,192 @@ class Event:
         return f"Event({self.cat!r}, {self.name!r}, ts={self.ts}, dur={self.dur})"
 
 
-class Events(list):
-    """The kept events of one trace, in file order, with what is read from all of them: the
-    categories (`cats`), the earliest start and latest end (`start`, `end`, None when no
-    event has a start), the first error an event raised (`error`), and how many elements
-    were read (`seen`). A list, so that `is_kineto` and the code that reads `traceEvents`
-    see one."""
+class Events:
+    """The kept events of one trace (see the module docstring), with what is read from all of
+    them: the categories (`cats`), the earliest start and latest end (`start`, `end`, None
+    when no event has a start), the first error an event raised (`error`), and how many
+    elements were read (`seen`). Iterating gives records in file order, one at a time."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.db = sqlite3.connect("", isolation_level=None)
+        self.db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        self.db.execute("PRAGMA journal_mode = OFF")
+        self.db.execute("PRAGMA synchronous = OFF")
+        self.db.execute(_SCHEMA)
         self.cats: set[Any] = set()
         self.start: float | None = None
         self.end: float | None = None
         self.error: Exception | None = None
         self.seen = 0
+        self.names: list[Any] = []  # name number -> the name
+        self.threads: list[tuple[Any, Any]] = []  # th -> (pid, tid)
+        self.streams: list[tuple[Any, Any]] = []  # sk -> (pid, stream)
+        self._name_ids: dict[Any, int] = {}
+        #: name number of a python_function -> whether it is a site (kineto/frames.py): a
+        #: frame that is not adds nothing to the frames around a call, and is not kept
+        self._sites: dict[int, bool] = {}
+        self.has_python = False  # whether any python_function span was read (with_stack)
+        self._thread_ids: dict[tuple, int] = {}
+        self._stream_ids: dict[tuple, int] = {}
+        self.derived: dict[str, Any] = {}  # what readers made of the rows once (stacks.py)
 
     def read(self, elements: Iterable[Any]) -> None:
         """Read the elements of `traceEvents` as they are parsed (see the module docstring).
-        The read's hot path: one pass, each event cut to a record as it comes."""
-        cats, append, kept = self.cats, self.append, KEPT_CATEGORIES
-        names: dict[str, str] = {}  # one copy of each repeated name
+        The read's hot path: one pass, each event cut to a row as it comes."""
+        cats, kinds = self.cats, _KIND
+        names, threads, streams = self._name_ids, self._thread_ids, self._stream_ids
+        sites = self._sites
+        rows: list[tuple] = []
         start = float("inf") if self.start is None else self.start
         end = float("-inf") if self.end is None else self.end
         seen = self.seen
-        for e in elements:
-            seen += 1
-            self.seen = seen
-            if e.__class__ is not dict or "ts" not in e:
-                continue
-            try:
-                cat = e.get("cat")
-                cats.add(cat)
-                ts = float(e["ts"])
-                dur = e.get("dur")
-                dur = 0.0 if dur is None else float(dur)
-                if ts < start:
-                    start = ts
-                if ts + dur > end:
-                    end = ts + dur
-                if cat not in kept:
+        self.db.execute("BEGIN")
+        try:
+            for e in elements:
+                seen += 1
+                self.seen = seen
+                if e.__class__ is not dict or "ts" not in e:
                     continue
-                args = e.get("args", _NO_ARGS)
-                if args.__class__ is not dict:
-                    args.get  # noqa: B018 -- the AttributeError the dict readers raised
-                name = e.get("name")
-                if name.__class__ is str:
-                    name = names.setdefault(name, name)
-                tid = e.get("tid")
-                append(Event(e.get("ph"), cat, name, e.get("pid"), tid, ts, dur,
-                             args.get("correlation"), args.get("stream", tid),
-                             args.get("bytes"), args.get("Record function id")))
-            except (TypeError, ValueError, AttributeError) as err:
-                if self.error is None:
-                    self.error = err
+                try:
+                    cat = e.get("cat")
+                    cats.add(cat)
+                    ts = float(e["ts"])
+                    dur = e.get("dur")
+                    dur = 0.0 if dur is None else float(dur)
+                    if ts < start:
+                        start = ts
+                    if ts + dur > end:
+                        end = ts + dur
+                    k = kinds.get(cat)
+                    if k is None:
+                        continue
+                    args = e.get("args", _NO_ARGS)
+                    if args.__class__ is not dict:
+                        args.get  # noqa: B018 -- the AttributeError the dict readers raised
+                    name = e.get("name")
+                    n = names.get(name)
+                    if n is None:
+                        n = _number(name, names, self.names)
+                    if k == FRAME:
+                        if e.get("ph") == "X":
+                            self.has_python = True
+                        site = sites.get(n)
+                        if site is None:
+                            site = sites[n] = frame_site(
+                                name if name.__class__ is str else "") is not None
+                        if not site:
+                            continue
+                    pid, tid = e.get("pid"), e.get("tid")
+                    th = threads.get((pid, tid))
+                    if th is None:
+                        th = _number((pid, tid), threads, self.threads)
+                    stream = (pid, args.get("stream", tid))
+                    sk = streams.get(stream)
+                    if sk is None:
+                        sk = _number(stream, streams, self.streams)
+                    rows.append((seen, k, e.get("ph"), th, ts, dur, round(dur * 1000), n,
+                                 args.get("correlation"), sk, args.get("bytes"),
+                                 args.get("Record function id")))
+                except (TypeError, ValueError, AttributeError, OverflowError) as err:
+                    if self.error is None:
+                        self.error = err
+                    continue
+                if len(rows) >= _BATCH:
+                    self._write(rows)
+            self._write(rows)
+        finally:
+            self.db.execute("COMMIT")
         if start <= end:
             self.start, self.end = start, end
+
+    def _write(self, rows: list[tuple]) -> None:
+        """Write `rows` and empty the list; a row SQLite cannot hold (a list or an object
+        where a value should be) is kept out, its error kept for check()."""
+        try:
+            self.db.executemany(_INSERT, rows)
+        except (sqlite3.Error, OverflowError):
+            for row in rows:  # only for a malformed trace: find the rows at fault
+                try:
+                    self.db.execute(_INSERT, row)
+                except (sqlite3.Error, OverflowError):
+                    if self.error is None:
+                        bad = next((v for v in row if isinstance(v, (list, dict))), row)
+                        self.error = TypeError(f"an event's field holds {bad!r}")
+        rows.clear()
 
     def check(self) -> None:
         """Raise the error of the first event that could not be read, if one could not."""
         if self.error is not None:
             raise self.error
 
+    def name_id(self, name: Any) -> int:
+        """The number `name` is stored as; -1 (no row) when no kept event has it."""
+        return self._name_ids.get(name, -1)
+
+    def thread_id(self, pid: Any, tid: Any) -> int:
+        """The number the thread (pid, tid) is stored as; -1 when no kept event has it."""
+        return self._thread_ids.get((pid, tid), -1)
+
+    def record(self, row: tuple) -> Event:
+        """The record of a row selected as COLUMNS."""
+        id_, k, ph, th, ts, dur, name, corr, sk, nbytes, rf = row
+        pid, tid = self.threads[th]
+        return Event(id_, ph, KINDS[k], self.names[name], pid, tid, ts, dur, corr,
+                     self.streams[sk][1], nbytes, rf)
+
+    def records(self, where: str = "1", params: tuple = ()) -> Iterator[Event]:
+        """The records of the rows for which the SQL condition `where` holds, in file order,
+        made one at a time."""
+        record = self.record
+        for row in self.db.execute(f"SELECT {COLUMNS} FROM ev WHERE {where} ORDER BY id",
+                                   params):
+            yield record(row)
+
+    def get(self, id_: int | None) -> Event | None:
+        """The record of the event numbered `id_`; None for None or no such event."""
+        if id_ is None:
+            return None
+        row = self.db.execute(f"SELECT {COLUMNS} FROM ev WHERE id = ?", (id_,)).fetchone()
+        return self.record(row) if row is not None else None
+
+    def query(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        """Run `sql` on the store's database (table `ev`, see the module docstring)."""
+        return self.db.execute(sql, params)
+
+    def __iter__(self) -> Iterator[Event]:
+        return self.records()
+
+    def __len__(self) -> int:
+        return self.db.execute("SELECT count(*) FROM ev").fetchone()[0]
+
+    def close(self) -> None:
+        """Close the database (its temporary file goes with it)."""
+        self.db.close()
+
 
 _NO_ARGS: dict = {}
 
 
+def _number(value: Any, ids: dict, values: list) -> int:
+    """The next number, given to `value` (a name, a thread, a stream) first seen."""
+    ids[value] = len(values)
+    values.append(value)
+    return ids[value]
+
+
 def as_events(events: Iterable[Any]) -> Events:
-    """`events` as Events: as they are when they already are; records gathered as they are
-    (their span and errors were read with them); else parsed dicts, read."""
+    """`events` as Events: as they are when they already are; else parsed dicts, read."""
     if isinstance(events, Events):
         return events
-    events = list(events)
     out = Events()
-    if events and all(isinstance(e, Event) for e in events):
-        out.extend(events)
-        out.cats.update(e.cat for e in events)
-    else:
-        out.read(events)
+    out.read(events)
     return out
+
+
+def to_records(elements: Iterable[Any]) -> list[Event]:
+    """Parsed dicts (or records) as a list of records, in order: for the few events a caller
+    holds as dicts (the ops around a copy, in tests)."""
+    elements = list(elements)
+    if all(isinstance(e, Event) for e in elements):
+        return elements
+    return list(as_events(elements))

@@ -29,12 +29,11 @@ file per rank).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 from .et import EtJoin, ExecutionTrace, parse_execution_trace
-from .events import Event, as_events
+from .events import COLUMNS, KERNEL, MEMCPY, OP, RUNTIME, Event, Events, as_events
 from .stacks import Streams, enclosing, inferred_ref
 from .stream import read_json, read_whole
 from ..core.site import NO_STACK_NOTE
@@ -71,7 +70,7 @@ def is_kineto_file(path: str) -> bool:
 
 def is_kineto(data: Any) -> bool:
     """Whether parsed JSON is a torch.profiler trace (by its content, not its file name)."""
-    return (isinstance(data, dict) and isinstance(data.get("traceEvents"), list)
+    return (isinstance(data, dict) and isinstance(data.get("traceEvents"), (list, Events))
             and "schema_version" not in data)
 
 
@@ -102,8 +101,11 @@ def _direction(name: str) -> str | None:
 
 def kineto_pid(data: dict) -> int | None:
     """The process a torch.profiler trace recorded: the pid most of its cpu_ops have."""
-    pids = Counter(e.pid for e in as_events(data.get("traceEvents", []))
-                   if e.cat == "cpu_op")
+    events = as_events(data.get("traceEvents", []))
+    pids: Counter[Any] = Counter()
+    for th, n in events.query(f"SELECT th, count(*) FROM ev WHERE k = {OP} GROUP BY th "
+                              "ORDER BY min(id)"):
+        pids[events.threads[th][0]] += n
     pid = pids.most_common(1)[0][0] if pids else None
     return pid if type(pid) is int else None
 
@@ -121,94 +123,153 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
                          "range-profiler trace, or one recorded without "
                          "ProfilerActivity.CUDA): no copies to read")
     events.check()
-    runtime = {e.corr: e for e in events if e.cat == "cuda_runtime" and e.corr is not None}
-    found = enclosing(events, op_frames=et is not None)
+    found = enclosing(events)
     flow = EtJoin(et, events, found, source) if et is not None else None
+    waits = _Waits(events)
+    device_in_op = _DeviceInOp(events)
+    copies = _Copies(events.start)
     streams = Streams(events)
-    syncs_by_thread: dict[Any, list[Event]] = defaultdict(list)
-    for e in events:
-        if e.cat == "cuda_runtime" and e.name in _WAITS:
-            syncs_by_thread[(e.pid, e.tid)].append(e)
-    used_waits: set[int] = set()
-    stream_syncs = _StreamSyncs(syncs_by_thread)
-    # a sampled trace may hold no stream syncs at all; PyTorch always waits in
-    # _local_scalar_dense (item(), bool(), ...), so such copies still count as sync there
-    sync_calls_recorded = any(w.name == "cudaStreamSynchronize"
-                              for ws in syncs_by_thread.values() for w in ws)
-    start = events.start
-    copies: dict[tuple, list] = {}
-    unread: list[str] = []  # gpu_memcpy names this version does not know (HtoH, ROCm's)
-    device_in_op: dict[int, int] = defaultdict(int)  # id(cpu_op) -> device ns under it
-    for e in events:
-        cat = e.cat
-        if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
-            continue
-        call = runtime.get(e.corr)
-        ops = found.ops.get(id(call), []) if call is not None else []
-        if ops:
-            device_in_op[id(ops[-1])] += _ns(e.dur)
-        if cat != "gpu_memcpy":
-            continue
+    for e in events.records(f"k = {MEMCPY}"):
         direction = _direction(e.name or "")
         if direction is None:
-            unread.append(e.name or "")
+            copies.unread(e.name or "")
             continue
+        call = found.call(e.corr)
+        ops = found.ops(call)
         pinned = None if direction == "DtoD" else "Pinned" in e.name
         host_ns, sync = 0, False
         if call is not None:
             host_ns, sync = _ns(call.dur), call.name == "cudaMemcpy"
         if call is not None and not sync:  # memcpy_and_sync: a stream sync in the same op
-            wait = _following_sync(call, ops, stream_syncs)
+            wait = waits.following(call, ops)
             if wait is not None:
                 sync, host_ns = True, host_ns + _ns(wait.dur)
-                used_waits.add(id(wait))
-            elif not sync_calls_recorded and ops and ops[-1].name == _SCALAR_READ:
+            elif not waits.recorded and ops and ops[-1].name == _SCALAR_READ:
                 sync = True
         trigger, at = _trigger(ops)
         sites = found.frames(call)
         site = sites[0] if sites else None
-        producer = (inferred_ref(streams.before(e), runtime, found)
-                    if direction != "HtoD" else None)
+        producer = inferred_ref(streams.before(e), found) if direction != "HtoD" else None
         consumer = _consumer(ops, at, site, device_in_op) if at > 0 else (
-            inferred_ref(streams.after(e), runtime, found) if direction != "DtoH" else None)
+            inferred_ref(streams.after(e), found) if direction != "DtoH" else None)
         exact = flow.ends(ops, at, direction) if flow is not None else None
         if exact is not None:  # by data flow, where the execution trace shows it
             producer, consumer = exact[0] or producer, exact[1] or consumer
-        key = (direction, sync, pinned, trigger, site, tuple(sites), producer, consumer)
-        entry = copies.setdefault(key, [0, 0, 0, 0, [], None, None])
+        copies.add((direction, sync, pinned, trigger, site, tuple(sites), producer, consumer),
+                   e, call, host_ns)
+    records = copies.records()
+    wait_records = waits.records()
+    rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records)
+    meta = _meta(data, source, found.has_python, waits.recorded)
+    if flow is not None:
+        meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
+                                   et.source)
+    if copies.unread_count:
+        meta.untraced.append(f"{copies.unread_count} gpu_memcpy events of a kind this version "
+                             f"does not read (such as {copies.unread_name!r}; HtoH, or another "
+                             "vendor's)")
+    start, end = events.start, events.end
+    return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records,
+                 wait_records)
+
+
+class _Copies:
+    """The copies read so far, summed per key (direction, sync, pinned, trigger, site, stack,
+    producer, consumer): calls, bytes, host and device time, first and last start; per
+    (direction, sync), the shortest and longest call (`per_call`); and the gpu_memcpy events
+    of a kind this version does not read (a count and the first name)."""
+
+    def __init__(self, start: float) -> None:
+        self._start = start
+        self._by_key: dict[tuple, list] = {}
+        self.per_call: dict[tuple, list[int]] = {}  # (direction, sync) -> [min, max]
+        self.unread_count, self.unread_name = 0, ""
+
+    def unread(self, name: str) -> None:
+        if not self.unread_count:
+            self.unread_name = name
+        self.unread_count += 1
+
+    def add(self, key: tuple, e: Event, call: Event | None, host_ns: int) -> None:
+        entry = self._by_key.setdefault(key, [0, 0, 0, 0, None, None])
         device_ns = _ns(e.dur)
         entry[0] += 1
         entry[1] += int(e.nbytes if e.nbytes is not None else 0)
         entry[2] += host_ns
         entry[3] += device_ns
-        entry[4].append(host_ns + device_ns)
-        when = _ns((call or e).ts - start)
-        entry[5] = when if entry[5] is None else min(entry[5], when)
-        entry[6] = when if entry[6] is None else max(entry[6], when)
-    records = [CopyRecord(d, s, p, t, calls, nbytes, host, dev, site, list(stack), prod, cons,
-                          first_ns=first, last_ns=last)
-               for (d, s, p, t, site, stack, prod, cons), (calls, nbytes, host, dev, _, first,
-                                                          last) in copies.items()]
-    per_call: dict[tuple, list[int]] = {(c.direction, c.sync): [] for c in records}
-    for key, entry in copies.items():
-        per_call[(key[0], key[1])] += entry[4]
-    waits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for tid_syncs in syncs_by_thread.values():
-        for w in tid_syncs:
-            if id(w) not in used_waits:
-                waits[_WAITS[w.name]][0] += 1
-                waits[_WAITS[w.name]][1] += _ns(w.dur)
-    wait_records = [WaitRecord(k, c, ns, None) for k, (c, ns) in waits.items()]
-    rows = _event_rows(events, device_in_op, records, per_call, wait_records)
-    end = events.end
-    meta = _meta(data, source, found.has_python, sync_calls_recorded)
-    if flow is not None:
-        meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
-                                   et.source)
-    if unread:
-        meta.untraced.append(f"{len(unread)} gpu_memcpy events of a kind this version does "
-                             f"not read (such as {unread[0]!r}; HtoH, or another vendor's)")
-    return Trace(meta, summarize(_ns(end - start), rows, records), rows, [], records, wait_records)
+        when = _ns((call or e).ts - self._start)
+        entry[4] = when if entry[4] is None else min(entry[4], when)
+        entry[5] = when if entry[5] is None else max(entry[5], when)
+        took = host_ns + device_ns
+        span = self.per_call.setdefault(key[:2], [took, took])
+        span[0], span[1] = min(span[0], took), max(span[1], took)
+
+    def records(self) -> list[CopyRecord]:
+        return [CopyRecord(d, s, p, t, calls, nbytes, host, dev, site, list(stack), prod, cons,
+                           first_ns=first, last_ns=last)
+                for (d, s, p, t, site, stack, prod, cons), (calls, nbytes, host, dev, first,
+                                                           last) in self._by_key.items()]
+
+
+class _Waits:
+    """The host's waits (`cudaStreamSynchronize`, `cudaDeviceSynchronize`,
+    `cudaEventSynchronize` calls): which one follows a copy's call inside its op (and is then
+    the copy's, not a wait of its own), and the rest, counted per kind. `recorded`: whether
+    the trace holds any stream sync (a sampled trace may hold none)."""
+
+    def __init__(self, events: Events) -> None:
+        self._events = events
+        self._stream_sync = events.name_id("cudaStreamSynchronize")
+        self._kinds = {events.name_id(n): kind for n, kind in _WAITS.items()}
+        events.query(f"CREATE INDEX IF NOT EXISTS waits ON ev(th, name, ts) "
+                     f"WHERE k = {RUNTIME}")
+        events.query("CREATE TEMP TABLE IF NOT EXISTS used (id INTEGER PRIMARY KEY)")
+        self.recorded = events.query(
+            f"SELECT 1 FROM ev WHERE k = {RUNTIME} AND name = ? LIMIT 1",
+            (self._stream_sync,)).fetchone() is not None
+
+    def following(self, call: Event, ops: list[Event]) -> Event | None:
+        """The first cudaStreamSynchronize (in the trace's order) on `call`'s thread that
+        starts after it ends and before its innermost op does; marked as a copy's."""
+        if not ops:
+            return None
+        op, events = ops[-1], self._events
+        th = events.thread_id(call.pid, call.tid)
+        row = events.query(
+            f"SELECT {COLUMNS} FROM ev WHERE k = {RUNTIME} AND th = ? AND name = ? AND ts "
+            "BETWEEN ? AND ? ORDER BY id LIMIT 1",
+            (th, self._stream_sync, call.ts + call.dur, op.ts + op.dur)).fetchone()
+        if row is None:
+            return None
+        events.query("INSERT OR IGNORE INTO used VALUES (?)", (row[0],))
+        return events.record(row)
+
+    def records(self) -> list[WaitRecord]:
+        """The waits that are not a copy's, per kind (in the order each kind first comes)."""
+        marks = ",".join("?" * len(self._kinds))
+        return [WaitRecord(self._kinds[name], calls, ns, None)
+                for name, calls, ns in self._events.query(
+                    f"SELECT name, count(*), sum(ns) FROM ev WHERE k = {RUNTIME} AND name IN "
+                    f"({marks}) AND id NOT IN (SELECT id FROM used) GROUP BY name "
+                    "ORDER BY min(id)", list(self._kinds))]
+
+
+class _DeviceInOp:
+    """The device time (ns) of the kernels, copies and memsets each cpu_op launched (through
+    its runtime calls' correlation ids, to the innermost op around the call), summed once in
+    the database (table `opdev`)."""
+
+    def __init__(self, events: Events) -> None:
+        self._events = events
+        events.query("CREATE TABLE IF NOT EXISTS opdev (op INTEGER PRIMARY KEY, ns INT)")
+        events.query(
+            "INSERT OR REPLACE INTO opdev SELECT link.op, sum(d.ns) FROM ev AS d JOIN callof "
+            f"ON callof.corr = d.corr JOIN link ON link.id = callof.call WHERE d.k >= {KERNEL} "
+            "AND link.op IS NOT NULL GROUP BY link.op")
+
+    def get(self, op: Event) -> int:
+        row = self._events.query("SELECT ns FROM opdev WHERE op = ?", (op.id,)).fetchone()
+        return row[0] if row is not None else 0
 
 
 def et_note(joined: int, linked: int, copies: int, et_source: str) -> str:
@@ -227,10 +288,10 @@ def et_note(joined: int, linked: int, copies: int, et_source: str) -> str:
 
 
 def _consumer(ops: list[Event], at: int, site: Site | None,
-              device_in_op: dict[int, int]) -> OpRef:
+              device_in_op: _DeviceInOp) -> OpRef:
     """The op around the trigger's op (`aten::index` around `aten::nonzero`), inferred."""
     op = ops[at - 1]
-    device = "cuda" if device_in_op.get(id(op)) else "cpu"
+    device = "cuda" if device_in_op.get(op) else "cpu"
     return OpRef(f"{op.name or ''} (inferred)", device, site)
 
 
@@ -251,53 +312,23 @@ def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) 
                 imported_from=source)
 
 
-class _StreamSyncs:
-    """Each thread's cudaStreamSynchronize calls by start, each with its place among the
-    thread's waits, to find the first that starts in a window without a scan per copy."""
-
-    def __init__(self, syncs: dict[Any, list[Event]]) -> None:
-        self._by_thread: dict[Any, tuple[list[float], list[tuple[float, int, Event]]]] = {}
-        for thread, waits in syncs.items():
-            ordered = sorted(((w.ts, i, w) for i, w in enumerate(waits)
-                              if w.name == "cudaStreamSynchronize"), key=lambda x: x[:2])
-            self._by_thread[thread] = ([ts for ts, _, _ in ordered], ordered)
-
-    def first(self, thread: Any, lo: float, hi: float) -> Event | None:
-        """The first of `thread`'s stream syncs (in the trace's order) starting in [lo, hi]."""
-        starts, ordered = self._by_thread.get(thread, ((), ()))
-        inside = ordered[bisect_left(starts, lo):bisect_right(starts, hi)]
-        return min(inside, key=lambda x: x[1])[2] if inside else None
-
-
-def _following_sync(call: Event, ops: list[Event], syncs: _StreamSyncs) -> Event | None:
-    """The cudaStreamSynchronize after `call` on its thread, inside its innermost op."""
-    if not ops:
-        return None
-    op = ops[-1]
-    return syncs.first((call.pid, call.tid), call.ts + call.dur, op.ts + op.dur)
-
-
-def _event_rows(events: list[Event], device_in_op: dict[int, int], copies: list[CopyRecord],
+def _event_rows(events: Events, device_in_op: _DeviceInOp, copies: list[CopyRecord],
                 per_call: dict[tuple, list[int]], waits: list[WaitRecord]) -> list[EventRow]:
-    rows: dict[str, list[int]] = {}
-    for e in events:
-        if e.cat != "cpu_op":
-            continue
-        if e.name is None:
-            raise KeyError("name")  # as reading the event's name raised
-        cpu, gpu = _ns(e.dur), device_in_op.get(id(e), 0)
-        row = rows.setdefault(e.name, [0, 0, 0, 1 << 62, 0])
-        row[0] += 1
-        row[1] += cpu
-        row[2] += gpu
-        row[3] = min(row[3], cpu + gpu)
-        row[4] = max(row[4], cpu + gpu)
-    out = [EventRow(n, c, cpu, gpu, lo, hi) for n, (c, cpu, gpu, lo, hi) in rows.items()]
-    for (direction, sync), times in per_call.items():
+    """The Event Summary: per cpu_op name (in the order each first comes), its calls, host
+    and device time and the shortest and longest call; then the copies and waits."""
+    if events.query(f"SELECT 1 FROM ev WHERE k = {OP} AND name = ? LIMIT 1",
+                    (events.name_id(None),)).fetchone() is not None:
+        raise KeyError("name")  # as reading the event's name raised
+    names = events.names
+    out = [EventRow(names[n], c, cpu, gpu, lo, hi) for n, c, cpu, gpu, lo, hi in events.query(
+        "SELECT ev.name, count(*), sum(ev.ns), sum(ifnull(opdev.ns, 0)), min(ev.ns + "
+        "ifnull(opdev.ns, 0)), max(ev.ns + ifnull(opdev.ns, 0)) FROM ev LEFT JOIN opdev ON "
+        f"opdev.op = ev.id WHERE ev.k = {OP} GROUP BY ev.name ORDER BY min(ev.id)")]
+    for (direction, sync), (lo, hi) in per_call.items():
         same = [c for c in copies if (c.direction, c.sync) == (direction, sync)]
         out.append(EventRow(copy_event_name(direction, sync), sum(c.calls for c in same),
                             sum(c.host_ns for c in same), sum(c.device_ns for c in same),
-                            min(times), max(times)))
+                            lo, hi))
     out += [EventRow(f"HostWait:{w.kind}", w.calls, w.wait_ns, 0, 0, 0) for w in waits]
     return out
 
@@ -321,6 +352,6 @@ def kineto_trace(data: dict, path: str, et: ExecutionTrace | None = None) -> Tra
     """from_kineto, with what a malformed event raises turned into one TraceError line."""
     try:
         return from_kineto(data, path, et)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
                          f"({type(e).__name__}: {e})") from None

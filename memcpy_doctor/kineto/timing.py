@@ -22,11 +22,10 @@ live calibration measures), so the fit is tested on hand-made traces.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
 from itertools import accumulate
 from typing import Any
 
-from .events import Event, as_events
+from .events import KERNEL, RUNTIME, Events, as_events
 from .stacks import enclosing
 
 _SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
@@ -53,17 +52,16 @@ def _ns(us: Any) -> int:
 
 def timings(data: dict) -> dict[str, Any]:
     """The records `calibrate_trace.fit_trace` fits, from one parsed torch.profiler trace."""
-    read = as_events(data.get("traceEvents", []))
-    read.check()
-    events = [e for e in read if e.ph == "X" or e.ph is None]
+    events = as_events(data.get("traceEvents", []))
+    events.check()
+    spans = "(ph = 'X' OR ph IS NULL)"
     copies, local = [], []
     pinned_calls: set[Any] = set()  # correlation ids of pinned copies
     kernels: list[int] = []
     busy: list[tuple[float, float]] = []  # device work: (start, end) in us
-    for e in events:
+    for e in events.records(f"k >= {KERNEL} AND {spans}"):
         cat = e.cat
-        if cat in _DEVICE:
-            busy.append((e.ts, e.ts + e.dur))
+        busy.append((e.ts, e.ts + e.dur))
         if cat == "kernel":
             kernels.append(_ns(e.dur))
         elif cat == "gpu_memcpy":
@@ -79,39 +77,35 @@ def timings(data: dict) -> dict[str, Any]:
     starts = [s for s, _ in busy]
     ends = list(accumulate((e for _, e in busy), max))  # the latest end so far
     sync_ns = []
-    for e in events:
-        if e.cat == "cuda_runtime" and e.name in _SYNCS:
-            ts, end = e.ts, e.ts + e.dur
-            i = bisect_left(starts, end)  # device work that started before the call ended
-            if i == 0 or ends[i - 1] <= ts:  # ... all of it had ended when the call began
-                sync_ns.append(_ns(e.dur))
-    launch_ns, launch_call_ns = _launches(events)
-    memcpy_call_ns = [_ns(e.dur) for e in events if e.cat == "cuda_runtime"
-                      and e.corr in pinned_calls]
+    syncs = [events.name_id(n) for n in _SYNCS]
+    for ts, dur, ns in events.query(
+            f"SELECT ts, dur, ns FROM ev WHERE k = {RUNTIME} AND {spans} AND name IN (?, ?) "
+            "ORDER BY id", syncs):
+        i = bisect_left(starts, ts + dur)  # device work that started before the call ended
+        if i == 0 or ends[i - 1] <= ts:  # ... all of it had ended when the call began
+            sync_ns.append(ns)
+    launch_ns, launch_call_ns = _launches(events, spans)
+    memcpy_call_ns = [ns for corr, ns in events.query(
+        f"SELECT corr, ns FROM ev WHERE k = {RUNTIME} AND {spans} ORDER BY id")
+        if corr in pinned_calls]
     return {"device": _device(data), "copies": copies, "local_copies": local,
             "sync_ns": sync_ns, "launch_ns": launch_ns, "launch_call_ns": launch_call_ns,
             "memcpy_call_ns": memcpy_call_ns, "kernel_ns": kernels}
 
 
-def _launches(events: list[Event]) -> tuple[list[int], list[int]]:
-    found = enclosing(events)
-    calls: Counter[int] = Counter()
-    launches: Counter[int] = Counter()
-    ops: dict[int, Event] = {}
-    launch_call_ns = []
-    for e in events:
-        if e.cat != "cuda_runtime":
-            continue
-        is_launch = e.name in _LAUNCHES
-        if is_launch:
-            launch_call_ns.append(_ns(e.dur))
-        enclosing_ops = found.ops.get(id(e))
-        if enclosing_ops:
-            op = enclosing_ops[-1]
-            ops[id(op)] = op
-            calls[id(op)] += 1
-            launches[id(op)] += is_launch
-    launch_ns = [_ns(ops[k].dur) for k, n in calls.items() if n == 1 and launches[k]]
+def _launches(events: Events, spans: str) -> tuple[list[int], list[int]]:
+    """The host time of each innermost cpu_op whose one runtime call launched a kernel (the
+    calls `enclosing` linked: those with spans), and each launch call's own duration."""
+    enclosing(events)
+    launches = [events.name_id(n) for n in _LAUNCHES]
+    marks = ", ".join("?" * len(launches))
+    launch_call_ns = [ns for (ns,) in events.query(
+        f"SELECT ns FROM ev WHERE k = {RUNTIME} AND {spans} AND name IN ({marks}) "
+        "ORDER BY id", launches)]
+    launch_ns = [ns for (ns,) in events.query(
+        f"SELECT op.ns FROM ev AS call JOIN link ON link.id = call.id JOIN ev AS op ON "
+        f"op.id = link.op WHERE call.k = {RUNTIME} GROUP BY link.op HAVING count(*) = 1 AND sum(call.name IN ({marks})) = 1 "
+        "ORDER BY min(call.id)", launches)]
     return launch_ns, launch_call_ns
 
 
