@@ -1,7 +1,7 @@
 """How long a large torch.profiler trace takes to import, and how much memory: issue 20 asks
 for a 35 MB trace of about 100k events in seconds, with memory a small multiple of the file.
 
-    python benchmarks/kineto_scale.py [--events 100000] [--gzip] [--keep PATH]
+    python benchmarks/kineto_scale.py [--events 100000] [--items 1] [--gzip] [--keep PATH]
                                       [--execution-trace]
 
 Synthesizes a trace in Kineto's format: training steps of eager ops, each a cpu_op with its
@@ -11,6 +11,8 @@ stream sync and a loss.item(). Then reads it as `memcpy-doctor report` does
 the reading process's peak RSS, and over what it held before reading, and the peak of
 Python allocations during the read (tracemalloc, a second read, slower). Issue 33 asks that
 the peak stay about flat as the trace grows: run it at --events 40000, 155000 and 600000.
+With --items N, each step reads N scalars like loss.item() (a copy with its stream sync):
+--items 40 makes a trace where copies are one event in ten, for the cost of each copy.
 
 With --execution-trace it also synthesizes the ExecutionTraceObserver file of the same run
 (one node per cpu_op, each op reading the one before's output, storages reused every step as
@@ -71,9 +73,10 @@ def _tensor(tid: int, sid: int, device: str = "cuda:0") -> list:
     return [tid, sid, 0, 16384, 4, device]
 
 
-def synthesize(n_events: int, et: _Et | None = None) -> dict:
-    """A trace of about `n_events` events (see the module docstring); times in us. With
-    `et`, its ops carry record function ids and `et` gets their nodes."""
+def synthesize(n_events: int, et: _Et | None = None, items: int = 1) -> dict:
+    """A trace of about `n_events` events (see the module docstring), `items` reads like
+    loss.item() per step; times in us. With `et`, its ops carry record function ids and `et`
+    gets their nodes."""
     events: list[dict] = []
     t, corr, step, rf = 0.0, 0, 0, 0
     tensor = 10_000_000  # tensor ids, apart from node ids
@@ -127,22 +130,23 @@ def synthesize(n_events: int, et: _Et | None = None) -> dict:
                        {"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": t + 8,
                         "cat": "ac2g", "name": "ac2g", "bp": "e"}]
             t += 15
-        corr += 1
-        rf += 2
-        if et is not None:
-            item = et.add("aten::item", rf - 1, [last], [0.5])
-            et.add("aten::_local_scalar_dense", rf, [last], [0.5], parent=item)
-        events += [x("cpu_op", "aten::item", t, 30, **{"Record function id": rf - 1}),
-                   x("cpu_op", "aten::_local_scalar_dense", t + 1, 28,
-                     **{"Record function id": rf}),
-                   x("cuda_runtime", "cudaMemcpyAsync", t + 2, 5, correlation=corr),
-                   x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 8, 2, pid=0, tid=7,
-                     correlation=corr, stream=7, bytes=4, device=0),
-                   x("cuda_runtime", "cudaStreamSynchronize", t + 10, 15,
-                     correlation=corr + 1)]
-        corr += 1
-        t += 40
-        frame["dur"] = t - start
+        for _ in range(items):  # loss.item(), and as many more reads as asked
+            corr += 1
+            rf += 2
+            if et is not None:
+                item = et.add("aten::item", rf - 1, [last], [0.5])
+                et.add("aten::_local_scalar_dense", rf, [last], [0.5], parent=item)
+            events += [x("cpu_op", "aten::item", t, 30, **{"Record function id": rf - 1}),
+                       x("cpu_op", "aten::_local_scalar_dense", t + 1, 28,
+                         **{"Record function id": rf}),
+                       x("cuda_runtime", "cudaMemcpyAsync", t + 2, 5, correlation=corr),
+                       x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 8, 2, pid=0,
+                         tid=7, correlation=corr, stream=7, bytes=4, device=0),
+                       x("cuda_runtime", "cudaStreamSynchronize", t + 10, 15,
+                         correlation=corr + 1)]
+            corr += 1
+            t += 40
+        frame["dur"] = t - start - 1  # ends before the next step's frame starts
     return {"schemaVersion": 1, "deviceProperties": [{"name": "NVIDIA A100-SXM4-80GB"}],
             "traceEvents": events}
 
@@ -152,6 +156,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--gzip", action="store_true", help="write and read it as .json.gz")
     ap.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
+    ap.add_argument("--items", type=int, default=1, metavar="N",
+                    help="reads like loss.item() per step (40 ops): more copies per event")
     ap.add_argument("--execution-trace", action="store_true",
                     help="also an execution trace of the same run, read with it")
     ap.add_argument("--read", metavar="PATH", help=argparse.SUPPRESS)  # the measuring child
@@ -160,7 +166,7 @@ def main() -> None:
     if a.read:
         return measure(a.read, a.read_et)
     et = _Et() if a.execution_trace else None
-    data = synthesize(a.events, et)
+    data = synthesize(a.events, et, a.items)
     raw = json.dumps(data).encode()
     del data
     path = a.keep or os.path.join(tempfile.mkdtemp(), "trace.json" + (".gz" * a.gzip))
