@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,36 @@ def test_a_trace_without_stream_syncs_counts_only_scalar_reads_as_waited_for():
     assert sorted((c.trigger, c.sync) for c in t.copies) == [
         ("copy_", False), ("item", True), ("to", False)]
     assert any("no stream syncs" in u for u in t.meta.untraced)
+
+
+def test_the_events_order_in_the_file_does_not_change_the_trace():
+    """torch.profiler writes the cpu_ops before the runtime calls they enclose; other tools
+    write them in time order, or in none: the reader sorts what it joins."""
+    data = kineto_trace()
+    want = from_kineto(data, "k.json").to_dict()
+    for seed in range(5):
+        events = list(data["traceEvents"])
+        random.Random(seed).shuffle(events)
+        got = from_kineto({**data, "traceEvents": events}, "k.json").to_dict()
+        for key in ("copies", "events", "waits"):
+            got[key].sort(key=repr)
+            want[key].sort(key=repr)
+        assert got == want
+
+
+def test_ops_deeper_than_three_around_a_copy_come_outermost_first():
+    """The trigger is the outermost op that names one (item() around to() here), whatever
+    the depth; the op around it is the consumer."""
+    depth = ["aten::index", "aten::item", "aten::_local_scalar_dense", "aten::to",
+             "aten::_to_copy", "aten::copy_"]
+    events = [_x("cpu_op", name, 10 * i, 200 - 20 * i) for i, name in enumerate(depth)]
+    events += [_x("cuda_runtime", "cudaMemcpyAsync", 60, 10, correlation=1),
+               _gpu("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 62, 2, 1, bytes=4),
+               _x("cuda_runtime", "cudaStreamSynchronize", 72, 8)]
+    t = from_kineto({"traceEvents": events}, "k.json")
+    copy, = t.copies
+    assert (copy.trigger, copy.sync, copy.host_ns) == ("item", True, 18_000)
+    assert copy.consumer.op == "aten::index (inferred)"
 
 
 def test_a_cpu_only_trace_is_one_clear_error():

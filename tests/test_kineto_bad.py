@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import cli_in_process
+from memcpy_doctor.kineto import events
 from memcpy_doctor.run.calibrate import CalibrationError
 from memcpy_doctor.run.calibrate_trace import trace_timings
 
@@ -47,6 +49,12 @@ BAD = {
     "bad_args.json": (json.dumps({"schemaVersion": 1, "traceEvents": [
         {**_x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1), "args": [1]}]}).encode(),
         "this version cannot read"),
+    "list_field.json": (json.dumps({"schemaVersion": 1, "traceEvents": [
+        _x("cuda_runtime", "cudaMemcpyAsync", 0, correlation=[1]),
+        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1, 2, correlation=1,
+           bytes={"n": 64})]}).encode(), "this version cannot read"),
+    "huge_time.json": (TEXT.replace('"dur": 2', '"dur": 1e400').encode(),
+                       "this version cannot read"),
 }
 
 
@@ -79,6 +87,21 @@ def test_an_unreadable_trace_is_one_line_and_status_2(tmp_path, name):
     if name not in ("cpu_only.json", "range_profiler.json"):  # these two just have no copies
         with pytest.raises(CalibrationError, match=message):
             trace_timings([str(tmp_path / name)])
+
+
+def test_a_store_sqlite_cannot_keep_is_one_line_and_status_2(tmp_path, monkeypatch):
+    """Where SQLite cannot write its temporary file (a full disk), the user is told which
+    setting names its folder."""
+    def full(self, rows):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(events.Events, "_write", full)
+    (tmp_path / "k.json").write_text(TEXT)
+    status, out, err = _in_process("report", "k.json", cwd=tmp_path)
+    assert status == 2, out
+    assert err == ("memcpy-doctor: error: k.json: reading it needs a temporary file, which "
+                   "SQLite could not keep (database or disk is full); SQLITE_TMPDIR names "
+                   "the folder it uses\n")
 
 
 def test_copies_of_an_unfamiliar_kind_are_named_in_the_report(tmp_path):

@@ -34,12 +34,15 @@ import sqlite3
 from typing import Any, Iterable, Iterator
 
 from .frames import frame_site
+from ..core.trace import TraceError
 
 #: The categories of events the readers use, by kind number (the `k` column).
 KINDS = ("cpu_op", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset")
 OP, FRAME, RUNTIME, KERNEL, MEMCPY, MEMSET = range(len(KINDS))
 #: The categories of events the readers use; of the others only the category and span count.
 KEPT_CATEGORIES = frozenset(KINDS)
+#: What reading a malformed event raises (turned into one line where a trace is read).
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
 #: The page cache of a store's database, in KiB: what a read holds at most of its rows.
 CACHE_KIB = 2048
 #: Rows written at a time.
@@ -242,6 +245,13 @@ def _number(value: Any, ids: dict, values: list) -> int:
     ids[value] = len(values)
     values.append(value)
     return ids[value]
+
+
+def store_error(path: str, e: sqlite3.Error) -> TraceError:
+    """The one line for a store SQLite could not keep (no room, or no folder it may write,
+    for its temporary file)."""
+    return TraceError(f"{path}: reading it needs a temporary file, which SQLite could not "
+                      f"keep ({e}); SQLITE_TMPDIR names the folder it uses")
 
 
 def as_events(events: Iterable[Any]) -> Events:

@@ -84,6 +84,12 @@ def user_frame(sites: list[Site]) -> Site | None:
     """The innermost of `sites` in the user's own code, else the innermost of all (a copy a
     library made), else None."""
     for s in sites:
-        if is_user_file(s.file):
+        if _is_user_file(s.file):
             return s
     return sites[0] if sites else None
+
+
+@lru_cache(maxsize=1024)
+def _is_user_file(name: str) -> bool:
+    """paths.is_user_file, asked once per file: the copies of a loop name the same ones."""
+    return is_user_file(name)

@@ -29,12 +29,14 @@ file per rank).
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
 from typing import Any
 
 from .et import EtJoin, ExecutionTrace, parse_execution_trace
-from .events import COLUMNS, KERNEL, MEMCPY, OP, RUNTIME, Event, Events, as_events
-from .stacks import Streams, enclosing, inferred_ref
+from .events import (KERNEL, MALFORMED, OP, RUNTIME, Event, Events, as_events,
+                     store_error)
+from .stacks import enclosing
 from .stream import read_json, read_whole
 from ..core.site import NO_STACK_NOTE
 from ..core.summary import summarize
@@ -128,30 +130,28 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     waits = _Waits(events)
     device_in_op = _DeviceInOp(events)
     copies = _Copies(events.start)
-    streams = Streams(events)
-    for e in events.records(f"k = {MEMCPY}"):
+    for around in found.copies(waits.stream_sync):
+        e, call, ops = around.copy, around.call, around.ops
         direction = _direction(e.name or "")
         if direction is None:
             copies.unread(e.name or "")
             continue
-        call = found.call(e.corr)
-        ops = found.ops(call)
         pinned = None if direction == "DtoD" else "Pinned" in e.name
         host_ns, sync = 0, False
         if call is not None:
             host_ns, sync = _ns(call.dur), call.name == "cudaMemcpy"
         if call is not None and not sync:  # memcpy_and_sync: a stream sync in the same op
-            wait = waits.following(call, ops)
-            if wait is not None:
-                sync, host_ns = True, host_ns + _ns(wait.dur)
+            if around.wait is not None:
+                sync, host_ns = True, host_ns + around.wait_ns
+                waits.use(around.wait)
             elif not waits.recorded and ops and ops[-1].name == _SCALAR_READ:
                 sync = True
         trigger, at = _trigger(ops)
-        sites = found.frames(call)
+        sites = around.sites
         site = sites[0] if sites else None
-        producer = inferred_ref(streams.before(e), found) if direction != "HtoD" else None
+        producer = found.inferred(around.before) if direction != "HtoD" else None
         consumer = _consumer(ops, at, site, device_in_op) if at > 0 else (
-            inferred_ref(streams.after(e), found) if direction != "DtoH" else None)
+            found.inferred(around.after) if direction != "DtoH" else None)
         exact = flow.ends(ops, at, direction) if flow is not None else None
         if exact is not None:  # by data flow, where the execution trace shows it
             producer, consumer = exact[0] or producer, exact[1] or consumer
@@ -213,39 +213,33 @@ class _Copies:
 
 class _Waits:
     """The host's waits (`cudaStreamSynchronize`, `cudaDeviceSynchronize`,
-    `cudaEventSynchronize` calls): which one follows a copy's call inside its op (and is then
-    the copy's, not a wait of its own), and the rest, counted per kind. `recorded`: whether
-    the trace holds any stream sync (a sampled trace may hold none)."""
+    `cudaEventSynchronize` calls): those that follow a copy's call inside its op are the
+    copy's (`use`), the rest are counted per kind. `recorded`: whether the trace holds any
+    stream sync (a sampled trace may hold none)."""
 
     def __init__(self, events: Events) -> None:
         self._events = events
-        self._stream_sync = events.name_id("cudaStreamSynchronize")
+        self.stream_sync = events.name_id("cudaStreamSynchronize")
         self._kinds = {events.name_id(n): kind for n, kind in _WAITS.items()}
-        events.query(f"CREATE INDEX IF NOT EXISTS waits ON ev(th, name, ts) "
-                     f"WHERE k = {RUNTIME}")
+        self._used: list[tuple[int]] = []  # waits found to be copies', not yet written
         events.query("CREATE TEMP TABLE IF NOT EXISTS used (id INTEGER PRIMARY KEY)")
         self.recorded = events.query(
             f"SELECT 1 FROM ev WHERE k = {RUNTIME} AND name = ? LIMIT 1",
-            (self._stream_sync,)).fetchone() is not None
+            (self.stream_sync,)).fetchone() is not None
 
-    def following(self, call: Event, ops: list[Event]) -> Event | None:
-        """The first cudaStreamSynchronize (in the trace's order) on `call`'s thread that
-        starts after it ends and before its innermost op does; marked as a copy's."""
-        if not ops:
-            return None
-        op, events = ops[-1], self._events
-        th = events.thread_id(call.pid, call.tid)
-        row = events.query(
-            f"SELECT {COLUMNS} FROM ev WHERE k = {RUNTIME} AND th = ? AND name = ? AND ts "
-            "BETWEEN ? AND ? ORDER BY id LIMIT 1",
-            (th, self._stream_sync, call.ts + call.dur, op.ts + op.dur)).fetchone()
-        if row is None:
-            return None
-        events.query("INSERT OR IGNORE INTO used VALUES (?)", (row[0],))
-        return events.record(row)
+    def use(self, wait: int) -> None:
+        """Mark the wait numbered `wait` as a copy's (stacks.Around.wait)."""
+        self._used.append((wait,))
+        if len(self._used) >= 4096:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._events.db.executemany("INSERT OR IGNORE INTO used VALUES (?)", self._used)
+        self._used.clear()
 
     def records(self) -> list[WaitRecord]:
         """The waits that are not a copy's, per kind (in the order each kind first comes)."""
+        self._flush()
         marks = ",".join("?" * len(self._kinds))
         return [WaitRecord(self._kinds[name], calls, ns, None)
                 for name, calls, ns in self._events.query(
@@ -352,6 +346,8 @@ def kineto_trace(data: dict, path: str, et: ExecutionTrace | None = None) -> Tra
     """from_kineto, with what a malformed event raises turned into one TraceError line."""
     try:
         return from_kineto(data, path, et)
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+    except MALFORMED as e:
         raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
                          f"({type(e).__name__}: {e})") from None
+    except sqlite3.Error as e:
+        raise store_error(path, e) from None

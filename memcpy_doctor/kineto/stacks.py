@@ -9,72 +9,151 @@ frames are made sites by kineto/frames.py.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-from .events import COLUMNS, FRAME, KERNEL, OP, RUNTIME, Event, Events, as_events
+from .events import (COLUMNS, FRAME, KERNEL, MEMCPY, OP, RUNTIME, Event, Events,
+                     as_events)
 from .frames import MAX_FRAMES, frame_site, user_frame
 from ..core.trace import OpRef, Site
 
 
 class Enclosing:
     """What encloses the runtime calls and cpu_ops of a store of events (see `enclosing`):
-    the ops around each (`ops`), the Python frames around each as sites (`frames`,
-    `op_sites`; empty without `with_stack`), and the runtime call of a device event by its
-    correlation id (`call`). Answers come from the store's database one event at a time."""
+    the runtime call of a device event by its correlation id and the ops around that call
+    (`around`), and the Python frames around a call or op as sites (`frames`, `op_sites`;
+    empty without `with_stack`). Answers come from the store's database one event at a
+    time."""
 
-    __slots__ = ("events", "has_python", "_sites")
+    __slots__ = ("events", "has_python", "_sites", "_chains")
 
     def __init__(self, events: Events, has_python: bool) -> None:
         self.events, self.has_python = events, has_python
         self._sites: dict[int, Site | None] = {}  # name number -> its site
+        self._chains: dict[int, list[Site]] = {}  # frame id -> its sites (_frames)
 
-    def call(self, corr: Any) -> Event | None:
-        """The cuda_runtime call with correlation id `corr` (the last one, should several
-        have it); None for None or none."""
-        if corr is None:
+    def copies(self, stream_sync: int) -> Iterator[Around]:
+        """What is around each gpu_memcpy event, in the trace's order, read in one query (see
+        Around); `stream_sync`: the name number of cudaStreamSynchronize."""
+        events, record = self.events, self.events.record
+        events.query(f"CREATE INDEX IF NOT EXISTS kernels ON ev(sk, ts, id) WHERE k = {KERNEL}")
+        events.query(f"CREATE INDEX IF NOT EXISTS waits ON ev(th, name, ts) WHERE k = {RUNTIME}")
+        w = len(_EV)
+        for row in events.query(_COPIES, (stream_sync,)):
+            copy = record(row[:w])
+            call = record(row[w:2 * w]) if row[w] is not None else None
+            frame, wait, wait_ns = row[2 * w:2 * w + 3]
+            before, after = row[2 * w + 3:2 * w + 7], row[2 * w + 7:2 * w + 11]
+            at = 2 * w + 11
+            ops = [record(row[at + i * w:at + (i + 1) * w]) for i in (2, 1, 0)
+                   if row[at + i * w] is not None]
+            above = row[at + 3 * w]  # ops around the third: walked up one by one
+            if above is not None:
+                ops[:0] = [record(r) for r in events.query(_OPS, (above,))]
+            yield Around(copy, call, ops, self._frames(frame), wait, wait_ns, before, after)
+
+    def inferred(self, kernel: tuple) -> OpRef | None:
+        """The op that launched a kernel next to a copy (Around.before, .after): its call's
+        innermost cpu_op, or the kernel's own name when no op is recorded, labelled as
+        inferred (the trace does not say which tensors a kernel read or wrote)."""
+        id_, kernel_name, op_name, frame = kernel
+        if id_ is None:
             return None
-        row = self.events.query(f"SELECT {COLUMNS} FROM ev WHERE id = (SELECT call FROM "
-                                "callof WHERE corr = ?)", (corr,)).fetchone()
-        return self.events.record(row) if row is not None else None
-
-    def ops(self, event: Event | None) -> list[Event]:
-        """The cpu_ops enclosing the runtime call or cpu_op `event`, outermost first."""
-        if event is None:
-            return []
-        record = self.events.record
-        return [record(r) for r in self.events.query(_WALK.format(
-            link="op", cols=", ".join(f"ev.{c}" for c in COLUMNS.split(", ")),
-            order="DESC", limit=1 << 30), (event.id,))]
-
-    def frames(self, call: Event | None) -> list[Site]:
-        """The Python frames (sites) open at the runtime call `call`, innermost first; empty
-        when not known (no `with_stack`, or no call)."""
-        return self._frames(call.id) if call is not None else []
+        names = self.events.names
+        if op_name is not None:
+            name = names[op_name] or ""
+        else:
+            name = (names[kernel_name] if names[kernel_name] is not None else "kernel")[:60]
+        return OpRef(f"{name} (inferred)", "cuda", user_frame(self._frames(frame)))
 
     def op_sites(self, op: Event) -> list[Site]:
         """The Python frames (sites) open when the cpu_op `op` started, innermost first;
         empty when not known (no `with_stack`)."""
-        return self._frames(op.id)
+        row = self.events.query("SELECT frame FROM link WHERE id = ?", (op.id,)).fetchone()
+        return self._frames(row[0]) if row is not None else []
 
-    def _frames(self, id_: int) -> list[Site]:
-        sites, names = self._sites, self.events.names
-        out = []
-        for (name,) in self.events.query(_WALK.format(link="frame", cols="ev.name",
-                                                      order="", limit=MAX_FRAMES), (id_,)):
-            site = sites.get(name, _UNSEEN)
-            if site is _UNSEEN:
-                site = sites[name] = frame_site(names[name] if names[name] is not None else "")
-            out.append(site)
-        return out
+    def _frames(self, head: int | None) -> list[Site]:
+        """The sites of the user-visible frame `head` (an event id) and those around it,
+        innermost first, at most MAX_FRAMES. The copies of a loop share their frames, so
+        the last chains asked for are kept (a bounded number)."""
+        if head is None:
+            return []
+        chain = self._chains.get(head)
+        if chain is None:
+            sites, names = self._sites, self.events.names
+            chain = []
+            for (name,) in self.events.query(_FRAMES, (head,)):
+                site = sites.get(name, _UNSEEN)
+                if site is _UNSEEN:
+                    site = sites[name] = frame_site(
+                        names[name] if names[name] is not None else "")
+                chain.append(site)
+            if len(self._chains) >= _CHAINS_KEPT:
+                self._chains.clear()
+            self._chains[head] = chain
+        return list(chain)
 
 
 _UNSEEN = object()
-#: The events up a chain of links (`op`: the ops around an event, `frame`: the user-visible
-#: frames around it), innermost at depth 0.
-_WALK = ("WITH RECURSIVE up(id, depth) AS (SELECT {link}, 0 FROM link WHERE id = ?1 "
-         "UNION ALL SELECT link.{link}, up.depth + 1 FROM link JOIN up ON link.id = up.id "
-         "WHERE up.depth + 1 < {limit}) "
-         "SELECT {cols} FROM up JOIN ev ON ev.id = up.id ORDER BY up.depth {order}")
+#: Frame chains kept by Enclosing._frames before it starts afresh.
+_CHAINS_KEPT = 1024
+_EV = COLUMNS.split(", ")
+#: An op (by id) and the ops around it, outermost first.
+_OPS = ("WITH RECURSIVE up(id, depth) AS (SELECT ?1, 0 UNION ALL SELECT link.op, up.depth + 1 "
+        "FROM link JOIN up ON link.id = up.id WHERE link.op IS NOT NULL) "
+        f"SELECT {', '.join(f'ev.{c}' for c in _EV)} FROM up JOIN ev ON ev.id = up.id "
+        "ORDER BY up.depth DESC")
+#: Each gpu_memcpy event (in the trace's order) with its runtime call (by correlation id,
+#: the last call with it), the innermost frame around the call, the first stream sync (?1)
+#: on the call's thread from its end to its innermost op's end, the kernels that started
+#: last before it and first after it on its stream, each with its call's innermost op's
+#: name and frame, and the three innermost ops around the call (most copies have no more)
+#: with the id of the op around the third.
+_COPIES = f"""
+SELECT {', '.join(f'm.{c}' for c in _EV)}, {', '.join(f'c.{c}' for c in _EV)},
+  link.frame, q.wait, w.ns,
+  kb.id, kb.name, kbop.name, kbl.frame, ka.id, ka.name, kaop.name, kal.frame,
+  {', '.join(f'o1.{c}' for c in _EV)}, {', '.join(f'o2.{c}' for c in _EV)},
+  {', '.join(f'o3.{c}' for c in _EV)}, l3.op
+FROM (
+  SELECT m.id AS id, c.id AS call,
+    (SELECT w.id FROM ev AS w WHERE w.k = {RUNTIME} AND w.th = c.th AND w.name = ?1
+       AND w.ts BETWEEN c.ts + c.dur AND op.ts + op.dur ORDER BY w.id LIMIT 1) AS wait,
+    (SELECT b.id FROM ev AS b WHERE b.k = {KERNEL} AND b.sk = m.sk AND b.ts < m.ts
+       ORDER BY b.ts DESC, b.id DESC LIMIT 1) AS before,
+    (SELECT a.id FROM ev AS a WHERE a.k = {KERNEL} AND a.sk = m.sk AND a.ts >= m.ts
+       ORDER BY a.ts, a.id LIMIT 1) AS after
+  FROM ev AS m
+  LEFT JOIN callof ON callof.corr = m.corr
+  LEFT JOIN ev AS c ON c.id = callof.call
+  LEFT JOIN link ON link.id = c.id
+  LEFT JOIN ev AS op ON op.id = link.op
+  WHERE m.k = {MEMCPY}
+) AS q
+JOIN ev AS m ON m.id = q.id
+LEFT JOIN ev AS c ON c.id = q.call
+LEFT JOIN link ON link.id = q.call
+LEFT JOIN ev AS w ON w.id = q.wait
+LEFT JOIN ev AS kb ON kb.id = q.before
+LEFT JOIN callof AS kbc ON kbc.corr = kb.corr
+LEFT JOIN link AS kbl ON kbl.id = kbc.call
+LEFT JOIN ev AS kbop ON kbop.id = kbl.op
+LEFT JOIN ev AS ka ON ka.id = q.after
+LEFT JOIN callof AS kac ON kac.corr = ka.corr
+LEFT JOIN link AS kal ON kal.id = kac.call
+LEFT JOIN ev AS kaop ON kaop.id = kal.op
+LEFT JOIN ev AS o1 ON o1.id = link.op
+LEFT JOIN link AS l1 ON l1.id = link.op
+LEFT JOIN ev AS o2 ON o2.id = l1.op
+LEFT JOIN link AS l2 ON l2.id = l1.op
+LEFT JOIN ev AS o3 ON o3.id = l2.op
+LEFT JOIN link AS l3 ON l3.id = l2.op
+ORDER BY m.id"""
+#: The names of a user-visible frame (by id) and of those around it, innermost first, at
+#: most MAX_FRAMES.
+_FRAMES = ("WITH RECURSIVE up(id, depth) AS (SELECT ?1, 0 UNION ALL SELECT link.frame, "
+           "up.depth + 1 FROM link JOIN up ON link.id = up.id WHERE link.frame IS NOT NULL "
+           f"AND up.depth + 1 < {MAX_FRAMES}) "
+           "SELECT ev.name FROM up JOIN ev ON ev.id = up.id ORDER BY up.depth")
 
 
 def enclosing(events: Iterable[Any]) -> Enclosing:
@@ -125,37 +204,17 @@ def enclosing(events: Iterable[Any]) -> Enclosing:
     return found
 
 
-class Streams:
-    """Each stream's kernels by start (an index of the store's database), to find the one that
-    ran just before a copy (its producer, inferred) or just after one."""
+class Around:
+    """What is around one copy (a gpu_memcpy event): its runtime call (None when the trace
+    has none with its correlation id), the cpu_ops around the call (outermost first), the
+    Python frames around it as sites (innermost first), the first stream sync after the
+    call inside its innermost op (`wait`, an event id, and `wait_ns`), and the kernels that
+    ran just before and after it on its stream (`before`, `after`: for
+    Enclosing.inferred)."""
 
-    def __init__(self, events: Events) -> None:
-        self._events = events
-        events.query(f"CREATE INDEX IF NOT EXISTS kernels ON ev(sk, ts, id) WHERE k = {KERNEL}")
+    __slots__ = ("copy", "call", "ops", "sites", "wait", "wait_ns", "before", "after")
 
-    def before(self, copy: Event) -> Event | None:
-        """The last kernel on `copy`'s stream that started before it."""
-        return self._one("ts < ? ORDER BY ts DESC, id DESC", copy)
-
-    def after(self, copy: Event) -> Event | None:
-        """The first kernel on `copy`'s stream that started after it."""
-        return self._one("ts >= ? ORDER BY ts, id", copy)
-
-    def _one(self, condition: str, copy: Event) -> Event | None:
-        row = self._events.query(
-            f"SELECT {COLUMNS} FROM ev WHERE k = {KERNEL} AND sk = (SELECT sk FROM ev "
-            f"WHERE id = ?) AND {condition} LIMIT 1", (copy.id, copy.ts)).fetchone()
-        return self._events.record(row) if row is not None else None
-
-
-def inferred_ref(kernel: Event | None, found: Enclosing) -> OpRef | None:
-    """The op that launched `kernel` (its innermost cpu_op, through the correlation id), or
-    the kernel's own name when no op is recorded, labelled as inferred: the trace does not
-    say which tensors a kernel read or wrote."""
-    if kernel is None:
-        return None
-    call = found.call(kernel.corr)
-    ops = found.ops(call)
-    name = (ops[-1].name or "") if ops else (
-        kernel.name if kernel.name is not None else "kernel")[:60]
-    return OpRef(f"{name} (inferred)", "cuda", user_frame(found.frames(call)))
+    def __init__(self, copy: Event, call: Event | None, ops: list[Event], sites: list[Site],
+                 wait: int | None, wait_ns: int | None, before: tuple, after: tuple) -> None:
+        self.copy, self.call, self.ops, self.sites = copy, call, ops, sites
+        self.wait, self.wait_ns, self.before, self.after = wait, wait_ns, before, after

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import zlib
 from typing import Any, BinaryIO
 
-from .events import Events, as_events
+from .events import Events, as_events, store_error
 from ..core.trace import TraceError
 
 try:  # the C backend only: see the module docstring
@@ -68,6 +69,8 @@ def read_json(path: str, what: str = "a trace") -> Any:
         return _whole(path, what)
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+    except sqlite3.Error as e:
+        raise store_error(path, e) from None
 
 
 def read_whole(path: str, what: str = "a trace") -> Any:
