@@ -2,9 +2,11 @@
 ExecutionTraceObserver files of the same runs, read from their JSON into memcpy-doctor traces
 measured on the GPU that recorded them (docs/kineto.md).
 
-`stream.py` reads a trace's file as a stream, its events cut to `events.py`'s records as
-they are parsed; `reader.py` maps copies, waits and the Event Summary; `stacks.py` finds the
-ops and Python frames around each runtime call and the kernels around a copy on its stream;
-`et.py` joins an execution trace for exact producers and consumers; `timing.py` reads the
-timings `calibrate --from-trace` fits. Like the tracer, this stage stands on core/ only, and it never
-imports torch: reading a trace needs no GPU and no PyTorch."""
+`stream.py` reads a trace's file as a stream, its events kept as they are parsed as rows of
+`events.py`'s temporary SQLite store (memory stays flat), where the joins run; `reader.py`
+maps copies, waits and the Event Summary; `stacks.py` finds the ops and Python frames around
+each runtime call and what is around each copy (its wait, the kernels before and after it
+on its stream); `frames.py` says which Python frames are sites; `et.py` joins an execution
+trace for exact producers and consumers; `timing.py` reads the timings `calibrate
+--from-trace` fits. Like the tracer, this stage stands on core/ only, and it never imports
+torch: reading a trace needs no GPU and no PyTorch."""
