@@ -19,10 +19,10 @@ from ..core.trace import OpRef, Site
 
 class Enclosing:
     """What encloses the runtime calls and cpu_ops of a store of events (see `enclosing`):
-    the runtime call of a device event by its correlation id and the ops around that call
-    (`around`), and the Python frames around a call or op as sites (`frames`, `op_sites`;
-    empty without `with_stack`). Answers come from the store's database one event at a
-    time."""
+    what is around each copy (`copies`: its call, the ops and frames around the call, its
+    wait, the kernels before and after it, whose ops `inferred` names), and the frames
+    around a cpu_op (`op_sites`); frames are sites, empty without `with_stack`. Answers
+    come from the store's database, one copy at a time."""
 
     __slots__ = ("events", "has_python", "_sites", "_chains")
 
