@@ -27,7 +27,7 @@ from .core import __version__
 from .core.defaults import (DEFAULT_CALIBRATED_PROFILE, DEFAULT_DEVICE, DEFAULT_SORT_KEY,
                             DEFAULT_TRACE_PATH, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES,
                             EXIT_GATE_FAILED, EXIT_USAGE, REGION_CALLS_TRACED, SORT_KEYS)
-from .kineto.reader import is_kineto_file
+from .kineto.sniff import is_kineto_file
 from .core.trace import Trace
 from .core.units import parse_bytes
 from .render.explain import FORMATS as EXPLAIN_FORMATS, render_explain, render_logs

@@ -2,7 +2,7 @@
 ExecutionTraceObserver files of the same runs, read from their JSON into memcpy-doctor traces
 measured on the GPU that recorded them (docs/kineto.md).
 
-`stream.py` reads a trace's file as a stream, its events kept as they are parsed as rows of
+`sniff.py` tells a torch.profiler trace by its first bytes; `stream.py` reads a trace's file as a stream, its events kept as they are parsed as rows of
 `events.py`'s temporary SQLite store (memory stays flat), where the joins run; `reader.py`
 maps copies, waits and the Event Summary; `stacks.py` finds the ops and Python frames around
 each runtime call and what is around each copy (its wait, the kernels before and after it

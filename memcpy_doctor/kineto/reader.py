@@ -58,18 +58,6 @@ _TRIGGERS = (("aten::item", "item"), ("aten::tolist", "tolist"), ("aten::nonzero
              ("aten::to", "to"), ("aten::_to_copy", "to"), ("aten::copy_", "copy_"))
 
 
-def is_kineto_file(path: str) -> bool:
-    """Whether the file at `path` looks like a torch.profiler trace: gzip-compressed, or JSON
-    whose first keys are Kineto's (`schemaVersion`, `traceEvents`), not memcpy-doctor's."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1024)
-    except OSError:
-        return False
-    return head[:2] == b"\x1f\x8b" or b'"schemaVersion"' in head or (
-        b'"traceEvents"' in head and b'"schema_version"' not in head)
-
-
 def is_kineto(data: Any) -> bool:
     """Whether parsed JSON is a torch.profiler trace (by its content, not its file name)."""
     return (isinstance(data, dict) and isinstance(data.get("traceEvents"), (list, Events))

@@ -16,8 +16,7 @@ two are joined.
 
 from __future__ import annotations
 
-from ..kineto.reader import (is_kineto, is_kineto_file, kineto_pid, kineto_trace, load_any,
-                           read_execution_trace, read_json)
+from ..kineto.sniff import is_kineto_file
 from ..core.trace import Trace, TraceError
 from .rankenv import RankError, expand_traces
 
@@ -35,6 +34,7 @@ def load_trace(path: str) -> Trace:
     user named is a usage error, not a crash."""
     try:
         if is_kineto_file(path):  # a torch.profiler trace, read as one of ours
+            from ..kineto.reader import load_any  # only then: a CI gate's trace needs none
             return load_any(path)
         return Trace.load(path)
     except TraceError as e:
@@ -83,6 +83,8 @@ def load_all(names: list[str], execution_traces: tuple[str, ...] | list[str] = (
                 "no torch.profiler trace (memcpy-doctor traces need none)")
         raise InputError(f"--execution-trace: {len(execution_traces)} given for {what}; "
                          "give one per torch.profiler trace")
+    from ..kineto.reader import (is_kineto, kineto_pid, kineto_trace, read_execution_trace,
+                                 read_json)
     try:
         ets = [read_execution_trace(p) for p in execution_traces]
         free = list(range(len(ets)))
