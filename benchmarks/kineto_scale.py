@@ -1,7 +1,8 @@
 """How long a large torch.profiler trace takes to import, and how much memory: issue 20 asks
 for a 35 MB trace of about 100k events in seconds, with memory a small multiple of the file.
 
-    python benchmarks/kineto_scale.py [--events 100000] [--items 1] [--gzip] [--keep PATH]
+    python benchmarks/kineto_scale.py [--events 100000] [--items 1] [--library-frames 0]
+                                      [--kineto-order] [--gzip] [--keep PATH]
                                       [--execution-trace]
 
 Synthesizes a trace in Kineto's format: training steps of eager ops, each a cpu_op with its
@@ -13,6 +14,9 @@ Python allocations during the read (tracemalloc, a second read, slower). Issue 3
 the peak stay about flat as the trace grows: run it at --events 40000, 155000 and 600000.
 With --items N, each step reads N scalars like loss.item() (a copy with its stream sync):
 --items 40 makes a trace where copies are one event in ten, for the cost of each copy.
+--library-frames N puts N frames of torch's code around each op, as with_stack records
+them; --kineto-order writes the events as torch.profiler does (the host's ops and frames
+first, then the runtime calls and the device's activity) instead of step by step.
 
 With --execution-trace it also synthesizes the ExecutionTraceObserver file of the same run
 (one node per cpu_op, each op reading the one before's output, storages reused every step as
@@ -73,10 +77,19 @@ def _tensor(tid: int, sid: int, device: str = "cuda:0") -> list:
     return [tid, sid, 0, 16384, 4, device]
 
 
-def synthesize(n_events: int, et: _Et | None = None, items: int = 1) -> dict:
+#: Frames of torch's own code, as with_stack records them between a model's forward and its
+#: ops (the reader keeps none of them: they are no site).
+_LIBRARY_FRAMES = ("torch/nn/modules/module.py(1762): _wrapped_call_impl",
+                   "torch/nn/modules/module.py(1773): _call_impl",
+                   "torch/nn/modules/linear.py(124): forward",
+                   "<built-in method linear of PyCapsule object at 0x7f3a2c1d5e40>")
+
+
+def synthesize(n_events: int, et: _Et | None = None, items: int = 1,
+               library_frames: int = 0) -> dict:
     """A trace of about `n_events` events (see the module docstring), `items` reads like
-    loss.item() per step; times in us. With `et`, its ops carry record function ids and `et`
-    gets their nodes."""
+    loss.item() per step, `library_frames` frames of torch's code around each op; times in
+    us. With `et`, its ops carry record function ids and `et` gets their nodes."""
     events: list[dict] = []
     t, corr, step, rf = 0.0, 0, 0, 0
     tensor = 10_000_000  # tensor ids, apart from node ids
@@ -113,7 +126,11 @@ def synthesize(n_events: int, et: _Et | None = None, items: int = 1) -> dict:
                 out = _tensor(tensor, 1000 + i)
                 et.add(f"aten::op{i % 12}", rf, [last, 1], [out])
                 last = out
-            events += [x("python_function", "model.py(30): forward", t, 12),
+            events += [x("python_function", "model.py(30): forward", t, 12)]
+            events += [x("python_function", _LIBRARY_FRAMES[j % len(_LIBRARY_FRAMES)],
+                         t + 0.1 * (j + 1), 11.8 - 0.2 * (j + 1))
+                       for j in range(library_frames)]
+            events += [
                        x("cpu_op", f"aten::op{i % 12}", t + 1, 10, **{
                            "External id": corr, "Sequence number": step, "Ev Idx": corr,
                            "Input Dims": [[64, 256, 56, 56], [256], []],
@@ -151,6 +168,15 @@ def synthesize(n_events: int, et: _Et | None = None, items: int = 1) -> dict:
             "traceEvents": events}
 
 
+def kineto_order(events: list[dict]) -> list[dict]:
+    """`events` in the order torch.profiler writes them: the host's ops and Python frames
+    first, then the runtime calls and the device's activity (with the flows), each part by
+    start."""
+    host = [e for e in events if e.get("cat") in ("cpu_op", "python_function")]
+    rest = [e for e in events if e.get("cat") not in ("cpu_op", "python_function")]
+    return (sorted(host, key=lambda e: e["ts"]) + sorted(rest, key=lambda e: e["ts"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
@@ -158,6 +184,11 @@ def main() -> None:
     ap.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
     ap.add_argument("--items", type=int, default=1, metavar="N",
                     help="reads like loss.item() per step (40 ops): more copies per event")
+    ap.add_argument("--library-frames", type=int, default=0, metavar="N",
+                    help="frames of torch's code around each op (with_stack records them)")
+    ap.add_argument("--kineto-order", action="store_true",
+                    help="the events in torch.profiler's order (host events first), not "
+                    "interleaved by step")
     ap.add_argument("--execution-trace", action="store_true",
                     help="also an execution trace of the same run, read with it")
     ap.add_argument("--read", metavar="PATH", help=argparse.SUPPRESS)  # the measuring child
@@ -166,7 +197,9 @@ def main() -> None:
     if a.read:
         return measure(a.read, a.read_et)
     et = _Et() if a.execution_trace else None
-    data = synthesize(a.events, et, a.items)
+    data = synthesize(a.events, et, a.items, a.library_frames)
+    if a.kineto_order:
+        data["traceEvents"] = kineto_order(data["traceEvents"])
     raw = json.dumps(data).encode()
     del data
     path = a.keep or os.path.join(tempfile.mkdtemp(), "trace.json" + (".gz" * a.gzip))
