@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from memcpy_doctor.kineto import stream
-from memcpy_doctor.kineto.reader import load_any, read_json
+from memcpy_doctor.kineto.et import EtNodes, parse_execution_trace
+from memcpy_doctor.kineto.events import Events
+from memcpy_doctor.kineto.reader import load_any, read_execution_trace, read_json
+from test_kineto_et import et, et_v101
 
 pytestmark = pytest.mark.skipif(not stream.streaming(), reason="ijson's C backend not installed")
 
@@ -70,6 +73,14 @@ def _trace(steps: int) -> dict:
             "distributedInfo": {"rank": 0, "world_size": 1}}
 
 
+def _streamed(path: str) -> dict:
+    """The trace at `path` through the stream only (read_json falls back to a whole parse)."""
+    events = Events()
+    data = stream._streamed(path, "traceEvents", events)
+    data["traceEvents"] = events
+    return data
+
+
 def _fields(events: list) -> list[tuple]:
     return [tuple(getattr(e, f) for f in type(e).__slots__) for e in events]
 
@@ -88,7 +99,7 @@ def test_the_stream_reads_what_the_whole_parse_reads(tmp_path, monkeypatch, chun
     path.write_text(json.dumps(_trace(5), ensure_ascii=False), encoding="utf-8")
     whole = stream._whole(str(path), "a trace")
     monkeypatch.setattr(stream, "CHUNK_BYTES", chunk)
-    _same(stream._streamed(str(path)), whole)
+    _same(_streamed(str(path)), whole)
 
 
 def test_members_after_the_events_end_with_brackets_in_strings(tmp_path):
@@ -97,7 +108,7 @@ def test_members_after_the_events_end_with_brackets_in_strings(tmp_path):
                                 "args": {"note": "]"}})
     path = tmp_path / "k.json"
     path.write_text(json.dumps(data, indent=1))
-    got = stream._streamed(str(path))
+    got = _streamed(str(path))
     assert got["INFO"] == [["a", "]"], {"b": "}"}] and got["traceName"] == "x],}"
     assert got["deviceProperties"] == [{"name": "A ]GPU[ }"}]
 
@@ -106,7 +117,7 @@ def test_a_gz_trace_streams(tmp_path):
     plain, packed = tmp_path / "k.json", tmp_path / "k.json.gz"
     plain.write_text(json.dumps(_trace(40)))
     packed.write_bytes(gzip.compress(plain.read_bytes()))
-    _same(stream._streamed(str(packed)), stream._whole(str(plain), "a trace"))
+    _same(_streamed(str(packed)), stream._whole(str(plain), "a trace"))
 
 
 def test_without_the_c_backend_the_trace_is_the_same(tmp_path, monkeypatch):
@@ -160,3 +171,38 @@ def test_memory_stays_flat_as_the_trace_grows(tmp_path):
     assert more > 100_000
     grew = _growth_kib(large) - _growth_kib(small)
     assert grew < 6 * 1024, f"{grew} KiB more for {more} more events"
+
+
+def _et_fields(t) -> tuple:
+    nodes = [(n.id, n.name, n.parent, n.rf, n.is_op, n.ins, n.outs) for n in t.nodes.values()]
+    return (t.schema, t.pid, nodes, t._writes, t._touches)
+
+
+@pytest.mark.parametrize("layout", [et, et_v101])
+@pytest.mark.parametrize("chunk", [3, 1 << 16])
+def test_an_execution_trace_streams_to_what_the_whole_parse_reads(tmp_path, monkeypatch,
+                                                                  layout, chunk):
+    """The ET's nodes, its schema and pid around them (before and after the array), and the
+    writes and reads of each storage, read as a stream in chunks cut anywhere."""
+    data = layout()
+    data["finish_ts"] = 9  # a member after the nodes
+    path = tmp_path / "et.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    monkeypatch.setattr(stream, "CHUNK_BYTES", chunk)
+    nodes = EtNodes()
+    assert stream.read_array(str(path), "nodes", nodes) is not None  # it did stream
+    assert nodes.seen == len(data["nodes"])
+    streamed = read_execution_trace(str(path))
+    assert _et_fields(streamed) == _et_fields(parse_execution_trace(data, "et.json"))
+    assert streamed.schema == data["schema"] and streamed.pid == 1
+
+
+def test_an_execution_trace_yajl_refuses_is_parsed_whole(tmp_path):
+    data = et()
+    data["nodes"][0]["weight"] = float("nan")  # json writes NaN
+    path = tmp_path / "et.json"
+    path.write_text(json.dumps(data))
+    assert stream.read_array(str(path), "nodes", EtNodes()) is None
+    assert _et_fields(read_execution_trace(str(path))) == _et_fields(
+        parse_execution_trace(json.loads(path.read_text()), "et.json"))
+

@@ -122,37 +122,72 @@ class ExecutionTrace:
 def parse_execution_trace(data: Any, source: str) -> ExecutionTrace:
     """An ExecutionTrace from the parsed JSON of an ExecutionTraceObserver file; TraceError,
     one line, when it is not an ET, or holds no tensor ids (kineto.read_execution_trace
-    reads the file)."""
+    reads the file, as a stream into EtNodes where it can)."""
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise TraceError(f"{source}: not an execution trace (no `nodes` list; record one with "
                          "torch.profiler.ExecutionTraceObserver)")
-    schema = str(data.get("schema", "?"))
-    pid = data.get("pid") if type(data.get("pid")) is int else None
-    found = Counter()  # "ids": tensors with ids, "bare": tensors without
-    try:
-        nodes = [_node(n, found) for n in data["nodes"]]
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        raise TraceError(f"{source}: an execution trace (schema {schema}) this version cannot "
-                         f"read ({type(e).__name__}: {e})") from None
-    if not found["ids"]:
-        why = ("its tensors are not [tensor_id, storage_id, offset, numel, itemsize, device]"
-               if found["bare"] else "no op in it has a tensor")
-        raise TraceError(f"{source}: an execution trace (schema {schema}) without tensor ids "
-                         f"({why}): no producers can be read from it")
-    writes: dict[int, list[int]] = {}
-    touches: dict[int, list[tuple[int, bool]]] = {}
-    for n, mutates in sorted(nodes, key=lambda nm: nm[0].id):
-        read = {s for _, s, _ in n.ins}
-        for s in read:
-            touches.setdefault(s, []).append((n.id, True))
-        mine = {t for t, _, _ in n.ins}
-        for t, s, _ in n.outs:
-            if s not in read:  # a new result, in a storage no input has
-                writes.setdefault(s, []).append(n.id)
-                touches.setdefault(s, []).append((n.id, False))
-            elif t in mine and mutates:  # changed in place (copy_, add_, out=)
-                writes.setdefault(s, []).append(n.id)
-    return ExecutionTrace(source, schema, pid, [n for n, _ in nodes], writes, touches)
+    nodes = EtNodes()
+    nodes.read(data["nodes"])
+    return nodes.trace(data, source)
+
+
+class EtNodes:
+    """An ET's nodes read one at a time (as the stream parses them, kineto/stream.py
+    read_array), each kept as an EtNode, not the dict it came as; `trace` makes the
+    ExecutionTrace once the other members (schema, pid) are known."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self._nodes: list[tuple[EtNode, bool]] = []
+        self._found: Counter = Counter()  # "ids": tensors with ids, "bare": tensors without
+        self._names: dict[str, str] = {}  # one copy of each op name
+        self._error: Exception | None = None
+
+    def read(self, elements: Any) -> None:
+        """Keep each node of `elements`; the first one that cannot be read is kept as an
+        error, raised by `trace` (which knows the schema its message names)."""
+        names, nodes = self._names, self._nodes
+        for x in elements:
+            self.seen += 1
+            if self._error is not None:
+                continue
+            try:
+                node, mutates = _node(x, self._found)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                self._error = e
+                continue
+            node.name = names.setdefault(node.name, node.name)
+            nodes.append((node, mutates))
+
+    def trace(self, members: dict, source: str) -> ExecutionTrace:
+        """The ExecutionTrace of the nodes read, given the file's other top-level members;
+        TraceError, one line, when a node could not be read or no tensor has an id."""
+        schema = str(members.get("schema", "?"))
+        pid = members.get("pid") if type(members.get("pid")) is int else None
+        if self._error is not None:
+            e = self._error
+            raise TraceError(f"{source}: an execution trace (schema {schema}) this version "
+                             f"cannot read ({type(e).__name__}: {e})") from None
+        if not self._found["ids"]:
+            why = ("its tensors are not [tensor_id, storage_id, offset, numel, itemsize, "
+                   "device]" if self._found["bare"] else "no op in it has a tensor")
+            raise TraceError(f"{source}: an execution trace (schema {schema}) without tensor "
+                             f"ids ({why}): no producers can be read from it")
+        nodes = sorted(self._nodes, key=lambda nm: nm[0].id)
+        writes: dict[int, list[int]] = {}
+        touches: dict[int, list[tuple[int, bool]]] = {}
+        for n, mutates in nodes:
+            read = {s for _, s, _ in n.ins}
+            for s in read:
+                touches.setdefault(s, []).append((n.id, True))
+            mine = {t for t, _, _ in n.ins}
+            for t, s, _ in n.outs:
+                if s not in read:  # a new result, in a storage no input has
+                    writes.setdefault(s, []).append(n.id)
+                    touches.setdefault(s, []).append((n.id, False))
+                elif t in mine and mutates:  # changed in place (copy_, add_, out=)
+                    writes.setdefault(s, []).append(n.id)
+        return ExecutionTrace(source, schema, pid, [n for n, _ in nodes], writes, touches)
 
 
 def _node(x: dict, found: Counter) -> tuple[EtNode, bool]:

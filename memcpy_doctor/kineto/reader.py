@@ -33,11 +33,11 @@ import sqlite3
 from collections import Counter
 from typing import Any
 
-from .et import EtJoin, ExecutionTrace, parse_execution_trace
+from .et import EtJoin, EtNodes, ExecutionTrace, parse_execution_trace
 from .events import (KERNEL, MALFORMED, OP, RUNTIME, Event, Events, as_events,
                      store_error)
 from .stacks import enclosing
-from .stream import read_json, read_whole
+from .stream import read_array, read_json, read_whole
 from ..core.site import NO_STACK_NOTE
 from ..core.summary import summarize
 from ..core.trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
@@ -65,9 +65,14 @@ def is_kineto(data: Any) -> bool:
 
 
 def read_execution_trace(path: str) -> ExecutionTrace:
-    """The execution trace (ExecutionTraceObserver's `.json` or `.json.gz`) at `path`;
+    """The execution trace (ExecutionTraceObserver's `.json` or `.json.gz`) at `path`, its
+    nodes read as they are parsed where the stream can (kineto/stream.py), else parsed whole;
     TraceError, one line, when it cannot be read, is not one, or holds no tensor ids."""
-    return parse_execution_trace(read_whole(path, "an execution trace"), path)
+    nodes = EtNodes()
+    members = read_array(path, "nodes", nodes)
+    if members is None:
+        return parse_execution_trace(read_whole(path, "an execution trace"), path)
+    return nodes.trace(members, path)
 
 
 def _ns(us: Any) -> int:

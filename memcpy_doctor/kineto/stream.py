@@ -1,10 +1,11 @@
-"""A torch.profiler trace's JSON read as a stream: its `traceEvents` kept as compact records
-(kineto/events.py) as they are parsed, never all held as dicts, so that reading a 35 MB
-trace takes memory for what is kept, not six times the file.
+"""A torch.profiler trace's JSON read as a stream: its `traceEvents` kept as rows of a store
+(kineto/events.py) as they are parsed, never all held as dicts, so that reading a trace
+takes the same memory whatever its size; and an execution trace's `nodes` the same way, each
+kept as a small node (kineto/et.py) rather than a dict (`read_array`).
 
 How. The file (`.json`, or `.json.gz` decompressed as it is read) goes in chunks through
 ijson's C parser (yajl2_c), which hands over each element of the top-level `traceEvents`
-array as a dict, at once cut to a record. The parser validates the whole document; the rest
+array as a dict, at once cut to a row. The parser validates the whole document; the rest
 of the top-level object (`deviceProperties`, `distributedInfo`, ...) is decoded by the
 standard library from the bytes kept around the array: those up to its first element, and
 those from the chunk before the one where its last element ended. There, the array's end
@@ -12,7 +13,7 @@ is the first `]` after which the text reads as the rest of an object (`, "key": 
 }` or `}`): a `]` inside the array cannot, as the array's own `]` would be left unclosed.
 
 Where the stream cannot be used, the file is parsed whole by the standard library, as it
-was before, and its events then cut to records: a document that is not an object holding a
+was before, and its events then read into the store: a document that is not an object holding a
 `traceEvents` array with elements (an execution trace, a memcpy-doctor trace); a file yajl
 refuses, so that an invalid file gets the standard library's message and one yajl alone
 refuses (`NaN`, `1e400`) is still read; and when ijson's C backend is not installed (its
@@ -41,8 +42,6 @@ except ImportError:
 
 #: Bytes read and parsed at a time.
 CHUNK_BYTES = 1 << 16
-#: The prefix ijson gives the elements of the top-level `traceEvents` array.
-_EVENTS_PREFIX = "traceEvents.item"
 _DECODER = json.JSONDecoder()
 
 
@@ -62,8 +61,11 @@ def read_json(path: str, what: str = "a trace") -> Any:
     be read (`what` names what it should have been)."""
     try:
         if _IJSON is not None:
+            events = Events()
             try:
-                return _streamed(path)
+                data = _streamed(path, "traceEvents", events)
+                data["traceEvents"] = events
+                return data
             except _Refused:
                 pass
         return _whole(path, what)
@@ -71,6 +73,22 @@ def read_json(path: str, what: str = "a trace") -> Any:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
     except sqlite3.Error as e:
         raise store_error(path, e) from None
+
+
+def read_array(path: str, key: str, sink: Any) -> dict[str, Any] | None:
+    """The members of the top-level object of the `.json` or `.json.gz` file at `path` but
+    its array `key`, whose elements go to `sink.read(elements)` as they are parsed (the sink
+    counts them in `sink.seen`); None where the stream cannot give them (no C backend, not
+    such an object, a file yajl refuses), for the caller to parse the file whole (read_whole)
+    with a fresh sink. TraceError, one line, as read_json."""
+    if _IJSON is None:
+        return None
+    try:
+        return _streamed(path, key, sink)
+    except _Refused:
+        return None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def read_whole(path: str, what: str = "a trace") -> Any:
@@ -110,22 +128,21 @@ def _whole(path: str, what: str) -> Any:
     return data
 
 
-def _streamed(path: str) -> dict[str, Any]:
-    """read_json through ijson; _Refused where it cannot be (see the module docstring)."""
-    events = Events()
+def _streamed(path: str, key: str, sink: Any) -> dict[str, Any]:
+    """The elements of the top-level array `key` through ijson into `sink`, and the other
+    members; _Refused where it cannot be (see the module docstring)."""
     with open(path, "rb") as raw:
-        source = _Chunks(path, raw, events)
+        source = _Chunks(path, raw, sink)
         try:
-            events.read(_IJSON.items(source, _EVENTS_PREFIX, use_float=True,
-                                     buf_size=CHUNK_BYTES))
+            sink.read(_IJSON.items(source, f"{key}.item", use_float=True,
+                                   buf_size=CHUNK_BYTES))
         except (_JSONError, UnicodeDecodeError):
             raise _Refused from None
-    if not events.seen:
+    if not sink.seen:
         raise _Refused  # an empty file, or no elements: parsed whole
     source.read(0)  # the tail from the chunk before the one where the last element ended
-    data = _head(b"".join(source.head))
+    data = _head(b"".join(source.head), key)
     data.update(_tail(b"".join(source.tail)))
-    data["traceEvents"] = events
     return data
 
 
@@ -137,8 +154,8 @@ class _Chunks:
     was read ended in it; the chunk before is kept too, so that the tail holds the array's
     end even were ijson to read one chunk ahead."""
 
-    def __init__(self, path: str, raw: BinaryIO, events: Events) -> None:
-        self.path, self.events = path, events
+    def __init__(self, path: str, raw: BinaryIO, sink: Any) -> None:
+        self.path, self.sink = path, sink
         self.source: BinaryIO = raw
         if raw.peek(2)[:2] == b"\x1f\x8b":
             self.source = gzip.GzipFile(fileobj=raw)
@@ -147,8 +164,8 @@ class _Chunks:
         self._seen = 0  # the elements read when the last chunk was
 
     def read(self, size: int = -1) -> bytes:
-        if self.events.seen != self._seen:  # elements ended in the last chunk read
-            self._seen = self.events.seen
+        if self.sink.seen != self._seen:  # elements ended in the last chunk read
+            self._seen = self.sink.seen
             del self.tail[:-2]
         if size == 0:
             return b""
@@ -162,9 +179,9 @@ class _Chunks:
         return chunk
 
 
-def _head(raw: bytes) -> dict[str, Any]:
-    """The members of the top-level object before `traceEvents`, from the file's first bytes
-    (the document is valid: the parser read it whole)."""
+def _head(raw: bytes, array: str) -> dict[str, Any]:
+    """The members of the top-level object before the array `array`, from the file's first
+    bytes (the document is valid: the parser read it whole)."""
     text = _decoded(raw)
     pos = _skip(text, 0)
     if text[pos:pos + 1] != "{":
@@ -174,7 +191,7 @@ def _head(raw: bytes) -> dict[str, Any]:
     while True:
         key, pos = _DECODER.raw_decode(text, _skip(text, pos))
         pos = _skip(text, _skip(text, pos) + 1)  # past the colon
-        if key == "traceEvents" and text[pos:pos + 1] == "[":
+        if key == array and text[pos:pos + 1] == "[":
             return out
         out[key], pos = _DECODER.raw_decode(text, pos)
         pos = _skip(text, _skip(text, pos) + 1)  # past the comma
