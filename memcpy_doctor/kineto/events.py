@@ -3,13 +3,16 @@ cut at once to a row of a private temporary SQLite database, so that the memory 
 takes stays the same whatever the trace's size, and the readers' joins run there.
 
 `json.loads` of a trace holds every event whole: `Input Dims`, kernel occupancies, flow ids,
-each in a dict of its own, six times the file in Python objects; records of the fields the
-readers use still grow with the trace (about 330 bytes an event). The readers need eleven
-fields of six categories of events (`cpu_op`, `python_function`, `cuda_runtime`, `kernel`,
-`gpu_memcpy`, `gpu_memset`); of every other event, only its category and its time span (the
-trace's span and the check for CUDA activity read them). The rows go to a database SQLite
+each in a dict of its own, six times the file in Python objects; even records of only the
+fields the readers use grow with the trace (about 330 bytes an event). The readers need
+eleven fields of six categories of events (`cpu_op`, `python_function`, `cuda_runtime`,
+`kernel`, `gpu_memcpy`, `gpu_memset`), and of the Python frames only those that can be a
+site (kineto/frames.py: not torch's, the standard library's or builtins); of every other
+event, only its category and its time span (the trace's span and the check for CUDA
+activity read them). The rows go to a database SQLite
 opens on an empty file name: it lives in SQLite's page cache (CACHE_KIB) and spills to a
-temporary file past it, deleted when the store is closed or collected. So what a read holds
+temporary file past it, deleted when the store is collected (nothing the readers make of
+it refers back to it, so that is when the last reference goes). So what a read holds
 is that cache, the distinct names and threads, and what the readers make of the rows (the
 copies' records, the event summary's rows), not the events.
 
@@ -39,8 +42,6 @@ from ..core.trace import TraceError
 #: The categories of events the readers use, by kind number (the `k` column).
 KINDS = ("cpu_op", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset")
 OP, FRAME, RUNTIME, KERNEL, MEMCPY, MEMSET = range(len(KINDS))
-#: The categories of events the readers use; of the others only the category and span count.
-KEPT_CATEGORIES = frozenset(KINDS)
 #: What reading a malformed event raises (turned into one line where a trace is read).
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
 #: The page cache of a store's database, in KiB: what a read holds at most of its rows.
@@ -101,7 +102,7 @@ class Events:
         self.has_python = False  # whether any python_function span was read (with_stack)
         self._thread_ids: dict[tuple, int] = {}
         self._stream_ids: dict[tuple, int] = {}
-        self.derived: dict[str, Any] = {}  # what readers made of the rows once (stacks.py)
+        self.linked = False  # whether stacks.enclosing wrote its tables (once per store)
 
     def read(self, elements: Iterable[Any]) -> None:
         """Read the elements of `traceEvents` as they are parsed (see the module docstring).
@@ -231,10 +232,6 @@ class Events:
 
     def __len__(self) -> int:
         return self.db.execute("SELECT count(*) FROM ev").fetchone()[0]
-
-    def close(self) -> None:
-        """Close the database (its temporary file goes with it)."""
-        self.db.close()
 
 
 _NO_ARGS: dict = {}

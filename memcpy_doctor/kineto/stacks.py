@@ -165,9 +165,8 @@ def enclosing(events: Iterable[Any]) -> Enclosing:
     them are walked up by id. Done once per store (parsed dicts are read into one first);
     the correlation ids of the runtime calls are indexed (table `callof`) with it."""
     events = as_events(events)
-    found = events.derived.get("enclosing")
-    if found is not None:
-        return found
+    if events.linked:  # (an Enclosing is not kept on the store: it would hold it in a cycle)
+        return Enclosing(events, events.has_python)
     db = events.db
     db.execute("CREATE TABLE link (id INTEGER PRIMARY KEY, op INT, frame INT)")
     rows: list[tuple] = []
@@ -200,8 +199,8 @@ def enclosing(events: Iterable[Any]) -> Enclosing:
     db.execute(f"INSERT OR REPLACE INTO callof SELECT corr, id FROM ev WHERE k = {RUNTIME} "
                "AND corr IS NOT NULL ORDER BY id")
     db.execute("COMMIT")
-    found = events.derived["enclosing"] = Enclosing(events, events.has_python)
-    return found
+    events.linked = True
+    return Enclosing(events, events.has_python)
 
 
 class Around:
