@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli_in_process
-from memcpy_doctor.kineto import events
+from helpers import cli_in_process, make_trace
+from memcpy_doctor.kineto import events, stream
+from memcpy_doctor.kineto.reader import load_any
 from memcpy_doctor.run.calibrate import CalibrationError
 from memcpy_doctor.run.calibrate_trace import trace_timings
 
@@ -102,6 +103,20 @@ def test_a_store_sqlite_cannot_keep_is_one_line_and_status_2(tmp_path, monkeypat
     assert err == ("memcpy-doctor: error: k.json: reading it needs a temporary file, which "
                    "SQLite could not keep (database or disk is full); SQLITE_TMPDIR names "
                    "the folder it uses\n")
+
+
+def test_a_python_without_sqlite3_says_so_for_a_kineto_trace_only(tmp_path, monkeypatch):
+    """A Python built without sqlite3 (pyenv without SQLite's headers) cannot keep the store:
+    one line for a torch.profiler trace; a memcpy-doctor trace still reads."""
+    monkeypatch.setattr(events, "sqlite3", None)
+    monkeypatch.setattr(events, "STORE_ERRORS", ())
+    monkeypatch.setattr(stream, "STORE_ERRORS", ())
+    (tmp_path / "k.json").write_text(TEXT)
+    status, out, err = _in_process("report", "k.json", cwd=tmp_path)
+    assert status == 2, out
+    assert err == f"memcpy-doctor: error: k.json: {events.NO_SQLITE}\n"
+    make_trace().save(str(tmp_path / "ours.json"))
+    assert load_any(str(tmp_path / "ours.json")).copies
 
 
 def test_copies_of_an_unfamiliar_kind_are_named_in_the_report(tmp_path):

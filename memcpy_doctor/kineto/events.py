@@ -33,8 +33,15 @@ runtime call, the ops around it), never for all of them at once.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Iterable, Iterator
+
+try:
+    import sqlite3
+    #: What a failing store raises (store_error makes it one line)
+    STORE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,)
+except ImportError:  # a Python built without it (pyenv without SQLite's headers)
+    sqlite3 = None  # type: ignore[assignment]
+    STORE_ERRORS = ()
 
 from .frames import frame_site
 from ..core.trace import TraceError
@@ -44,6 +51,9 @@ KINDS = ("cpu_op", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "g
 OP, FRAME, RUNTIME, KERNEL, MEMCPY, MEMSET = range(len(KINDS))
 #: What reading a malformed event raises (turned into one line where a trace is read).
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+#: Why a Python without sqlite3 cannot read a torch.profiler trace, and what to do.
+NO_SQLITE = ("reading a torch.profiler trace needs Python's sqlite3 module, which this Python "
+             "was built without (rebuild it with SQLite's headers, e.g. libsqlite3-dev)")
 #: The page cache of a store's database, in KiB: what a read holds at most of its rows.
 CACHE_KIB = 2048
 #: Rows written at a time.
@@ -82,6 +92,8 @@ class Events:
     elements were read (`seen`). Iterating gives records in file order, one at a time."""
 
     def __init__(self) -> None:
+        if sqlite3 is None:
+            raise TraceError(f"a torch.profiler trace: {NO_SQLITE}")
         self.db = sqlite3.connect("", isolation_level=None)
         self.db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         self.db.execute("PRAGMA journal_mode = OFF")
@@ -178,11 +190,11 @@ class Events:
         where a value should be) is kept out, its error kept for check()."""
         try:
             self.db.executemany(_INSERT, rows)
-        except (sqlite3.Error, OverflowError):
+        except (*STORE_ERRORS, OverflowError):
             for row in rows:  # only for a malformed trace: find the rows at fault
                 try:
                     self.db.execute(_INSERT, row)
-                except (sqlite3.Error, OverflowError):
+                except (*STORE_ERRORS, OverflowError):
                     if self.error is None:
                         bad = next((v for v in row if isinstance(v, (list, dict))), row)
                         self.error = TypeError(f"an event's field holds {bad!r}")
@@ -223,7 +235,7 @@ class Events:
         row = self.db.execute(f"SELECT {COLUMNS} FROM ev WHERE id = ?", (id_,)).fetchone()
         return self.record(row) if row is not None else None
 
-    def query(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+    def query(self, sql: str, params: tuple | list = ()) -> Any:
         """Run `sql` on the store's database (table `ev`, see the module docstring)."""
         return self.db.execute(sql, params)
 
@@ -244,7 +256,13 @@ def _number(value: Any, ids: dict, values: list) -> int:
     return ids[value]
 
 
-def store_error(path: str, e: sqlite3.Error) -> TraceError:
+def require_store(path: str) -> None:
+    """TraceError, one line, where this Python cannot keep a store (no sqlite3 module)."""
+    if sqlite3 is None:
+        raise TraceError(f"{path}: {NO_SQLITE}")
+
+
+def store_error(path: str, e: Exception) -> TraceError:
     """The one line for a store SQLite could not keep (no room, or no folder it may write,
     for its temporary file)."""
     return TraceError(f"{path}: reading it needs a temporary file, which SQLite could not "

@@ -29,12 +29,11 @@ file per rank).
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
 from typing import Any
 
 from .et import EtJoin, EtNodes, ExecutionTrace, parse_execution_trace
-from .events import (KERNEL, MALFORMED, OP, RUNTIME, Event, Events, as_events,
+from .events import (KERNEL, MALFORMED, OP, RUNTIME, STORE_ERRORS, Event, Events, as_events,
                      store_error)
 from .stacks import enclosing
 from .stream import read_array, read_json, read_whole
@@ -342,5 +341,5 @@ def kineto_trace(data: dict, path: str, et: ExecutionTrace | None = None) -> Tra
     except MALFORMED as e:
         raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
                          f"({type(e).__name__}: {e})") from None
-    except sqlite3.Error as e:
+    except STORE_ERRORS as e:
         raise store_error(path, e) from None

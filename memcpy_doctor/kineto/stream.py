@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import sqlite3
 import zlib
 from typing import Any, BinaryIO
 
-from .events import Events, as_events, store_error
+from .events import STORE_ERRORS, Events, as_events, require_store, store_error
 from ..core.trace import TraceError
 
 try:  # the C backend only: see the module docstring
@@ -60,7 +59,7 @@ def read_json(path: str, what: str = "a trace") -> Any:
     `traceEvents` as Events (see the module docstring); TraceError, one line, when it cannot
     be read (`what` names what it should have been)."""
     try:
-        if _IJSON is not None:
+        if _IJSON is not None and STORE_ERRORS:  # (no store without sqlite3: see _whole)
             events = Events()
             try:
                 data = _streamed(path, "traceEvents", events)
@@ -71,7 +70,7 @@ def read_json(path: str, what: str = "a trace") -> Any:
         return _whole(path, what)
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
-    except sqlite3.Error as e:
+    except STORE_ERRORS as e:
         raise store_error(path, e) from None
 
 
@@ -124,6 +123,7 @@ def _whole(path: str, what: str) -> Any:
     """read_json by the standard library: the file parsed whole, its events then cut."""
     data = read_whole(path, what)
     if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
+        require_store(path)
         data["traceEvents"] = as_events(data["traceEvents"])
     return data
 

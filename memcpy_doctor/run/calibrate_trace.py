@@ -23,14 +23,13 @@ source says so. Exact arithmetic (Fractions), so copies on a line give that line
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterable
 
 from ..core.costmodel import DeviceProfile
-from ..kineto.events import MALFORMED, store_error
+from ..kineto.events import MALFORMED, STORE_ERRORS, store_error
 from ..kineto.reader import is_kineto, read_json
 from ..kineto.timing import timings
 from ..core.trace import TraceError
@@ -125,7 +124,7 @@ def trace_timings(paths: list[str]) -> dict[str, Any]:
         except MALFORMED as e:
             raise CalibrationError(f"{path}: a torch.profiler trace this version cannot read "
                                    f"({type(e).__name__}: {e})") from None
-        except sqlite3.Error as e:
+        except STORE_ERRORS as e:
             raise CalibrationError(str(store_error(path, e))) from None
         name, seen = t["device"].get("name"), pooled["device"].get("name")
         if name and seen and name != seen:
