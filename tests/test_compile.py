@@ -180,8 +180,12 @@ def test_compiled_module_trains_with_an_optimizer(tmp_path):
     assert scope["where"] == {"cuda:0"}
     assert ("DtoH", "item", 13, 8) in syncs(trace)  # (and no copy the marks would miss)
     assert regions(trace) == {"Torch-Compiled Region: 0/0": 8}
-    [graph] = trace.compile.graphs  # the forward's last 5 calls ran steady
-    assert (graph.traced_calls, graph.calls) == (3, 8)
+    forward, backward = trace.compile.graphs  # the last 5 calls of each ran steady
+    assert (forward.traced_calls, forward.calls) == (3, 8)
+    assert (backward.name, backward.traced_calls, backward.calls) == (
+        "CompiledFunctionBackward", 3, 8)
+    assert _op_calls(trace, "CompiledFunctionBackward") == 8
+    assert _op_calls(trace, "aten::mm") == 2 * 3  # the backward's matmuls: traced calls only
 
 
 def test_a_failing_compile_fails_as_without_the_tool(tmp_path):
@@ -532,6 +536,42 @@ def test_a_quiet_graph_runs_steady_after_its_first_calls_with_the_same_modeled_t
     text = render_text(steady)
     assert "7 of 10 calls of compiled graphs ran with the ops inside untraced" in text
     assert "ran with the ops inside untraced" not in render_text(every)
+
+
+TRAIN_LOOP = """\
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).cuda()
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 8, device="cuda")
+    for i in range(10):
+        opt.zero_grad()
+        compiled(x).square().sum().backward()
+        opt.step()
+    weight = model[0].weight.detach().cpu()
+    """
+
+
+def test_a_compiled_backward_runs_steady_with_the_same_modeled_times(tmp_path):
+    """AOT autograd's backward graph is a region too: after 3 quiet traced calls its calls
+    run untraced inside, each recorded as its CompiledFunctionBackward row at the backward()
+    line with the time its traced calls modeled, so the weights and the run's modeled times
+    are those of tracing every call."""
+    steady, _, scope = run_program(tmp_path, TRAIN_LOOP)
+    every, _, scope_every = run_program(tmp_path, TRAIN_LOOP, compiled_calls_traced=None)
+    assert torch.equal(scope["weight"], scope_every["weight"])
+    back = [[g for g in t.compile.graphs if g.name == "CompiledFunctionBackward"]
+            for t in (steady, every)]
+    assert [(g.traced_calls, g.calls) for g in back[0]] == [(3, 10)]
+    assert [(g.traced_calls, g.calls) for g in back[1]] == [(10, 10)]
+    per_call = _op_calls(every, "aten::mm") // 10  # the backward's matmuls (3 here)
+    assert per_call > 0 and _op_calls(steady, "aten::mm") == 3 * per_call
+    rows = [o for o in steady.ops if o.op == "CompiledFunctionBackward"]
+    assert [(o.calls, o.device, o.site.line) for o in rows] == [(10, "cuda:0", 9)]
+    device = [sum(o.device_ns for o in t.ops) for t in (steady, every)]
+    assert device[0] == device[1] > 0
+    assert steady.summary.total_ns == every.summary.total_ns
 
 
 def test_a_graph_whose_traced_calls_copy_stays_traced(tmp_path):

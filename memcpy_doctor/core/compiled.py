@@ -45,8 +45,15 @@ class GraphBreak:
         return sum(c.time_ns for c in self.sync_copies)
 
 
+#: The name of a compiled backward graph's record and row: the autograd node that runs it
+BACKWARD_GRAPH = "CompiledFunctionBackward"
+
+
 @dataclass
 class GraphRecord:
+    """One compiled graph: a Dynamo graph's region, or AOT autograd's backward graph of one
+    (named BACKWARD_GRAPH, without a site or nodes of its own)."""
+
     name: str  # "Torch-Compiled Region: 0/1" (frame id / compile of that frame)
     site: Site | None  # its first user line
     nodes: int  # ops in Dynamo's graph
@@ -54,6 +61,10 @@ class GraphRecord:
     calls: int = 0
     #: calls whose ops were traced one by one (the rest ran untraced inside); None: all
     traced_calls: int | None = None
+
+    @property
+    def backward(self) -> bool:
+        return self.name == BACKWARD_GRAPH
 
 
 @dataclass

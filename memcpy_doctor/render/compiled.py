@@ -27,7 +27,9 @@ def compile_lines(info: CompileInfo, copies: list, steps: int | None, cwd: str |
     headers)` lays out columns."""
     if not info.supported:
         return [*info.notes]
-    lines = [f"torch.compile: {_plural(len(info.graphs), 'graph')}, "
+    backward = sum(g.backward for g in info.graphs)
+    lines = [f"torch.compile: {_plural(len(info.graphs) - backward, 'graph')}"
+             + (f" (and {_plural(backward, 'backward graph')})" if backward else "") + ", "
              f"{_plural(len(info.graph_breaks), 'graph break')}, "
              f"{_plural(info.recompiles, 'recompile')}"]
     calls = sum(g.calls for g in info.graphs)

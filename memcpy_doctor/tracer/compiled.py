@@ -13,6 +13,9 @@ True only then), so the graphs are those of a run without the tracer.
   call of the compiled graph is a *region* (tracer/regions.py: a boundary for call sites, one
   op row, its first calls traced op by op and, where they made no copy, the later ones not),
   found at its user lines from the FX nodes' stack traces;
+- wraps AOT autograd's call of a compiled graph (`call_func_at_runtime_with_args`), so that a
+  compiled backward the autograd engine runs is a region of its own (regions.BackwardRunner),
+  and, on the simulated GPU, what a compiled forward makes is marked as the device's;
 - lifts the simulated GPU's patches of torch.cuda while Dynamo and the backend compile (the
   compile sees the host it runs on: graphs are compiled for the CPU);
 - collects the graph breaks Dynamo takes (its reason, GB code and user frame), the graphs and
@@ -27,12 +30,13 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.compiled import CompileInfo, GraphBreak, GraphRecord
+from ..core.compiled import BACKWARD_GRAPH, CompileInfo, GraphBreak, GraphRecord
 from ..core.defaults import REGION_CALLS_TRACED
 from ..core.paths import is_internal_file, is_package_file
 from ..core.torch_private import CompileHooks, compile_hooks
 from ..core.trace import Site
-from .regions import REGION_DISPATCH_CODE, Region, RegionRunner, swap_dispatch
+from .regions import (REGION_DISPATCH_CODE, BackwardRunner, Region, RegionRunner,
+                      swap_dispatch)
 from .state import tensors_out
 
 _DisableTorchFunction = torch._C.DisableTorchFunction
@@ -172,6 +176,8 @@ class CompileWatch:
         self.skips: list[str] = []  # why Inductor did not use CUDA graphs, as it said
         self.notes: list[str] = []  # what the simulated GPU could not model of a graph
         self._skip_loggers: list[tuple[Any, Any]] = []
+        #: id(compiled backward) -> (it, its runner): AOT autograd's backward graphs
+        self._backwards: dict[int, tuple[Any, BackwardRunner]] = {}
 
     # ----- entering and leaving -----
     def __enter__(self) -> CompileWatch:
@@ -182,10 +188,9 @@ class CompileWatch:
         hooks.output_graph.call_user_compiler = self._compiler_wrapper(self._saved)
         hooks.on_start(self._compile_started)
         hooks.on_end(self._compile_ended)
-        if self.sim is not None:
-            runtime = hooks.aot_runtime
-            self._saved_call = runtime.call_func_at_runtime_with_args
-            runtime.call_func_at_runtime_with_args = self._marking(self._saved_call)
+        runtime = hooks.aot_runtime
+        self._saved_call = runtime.call_func_at_runtime_with_args
+        runtime.call_func_at_runtime_with_args = self._runtime_call(self._saved_call)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -193,8 +198,7 @@ class CompileWatch:
         hooks.output_graph.call_user_compiler = self._saved
         hooks.remove_start(self._compile_started)
         hooks.remove_end(self._compile_ended)
-        if self.sim is not None:
-            hooks.aot_runtime.call_func_at_runtime_with_args = self._saved_call
+        hooks.aot_runtime.call_func_at_runtime_with_args = self._saved_call
         for module, original in self._skip_loggers:
             module.log_cudagraph_skip_and_bump_counter = original
         self._skip_loggers.clear()
@@ -218,11 +222,42 @@ class CompileWatch:
             module.log_cudagraph_skip_and_bump_counter = log_cudagraph_skip_and_bump_counter
             self._skip_loggers.append((module, original))
 
+    def _runtime_call(self, call: Callable) -> Callable:
+        """AOT autograd's call of a compiled graph. A backward's, made by the autograd engine
+        for a CompiledFunctionBackward node, runs as a region of its own (BackwardRunner,
+        one per compiled backward); a forward's, inside its region, on the simulated GPU
+        marks what it makes (_marking)."""
+        forward = self._marking(call) if self.sim is not None else call
+        runners: dict[int, tuple[Any, BackwardRunner]] = self._backwards
+        state_here, current_node = self.state_here, torch._C._current_autograd_node
+
+        def call_func_at_runtime_with_args(f: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+            state = state_here()
+            if state is None or state.suspended:
+                return call(f, args, *rest, **kwargs)
+            node = current_node()
+            if node is None or node.name() != BACKWARD_GRAPH:
+                return forward(f, args, *rest, **kwargs)
+            found = runners.get(id(f))
+            if found is None or found[0] is not f:
+                found = runners[id(f)] = (f, self._backward_runner())
+            return found[1](state, call, f, args, rest, kwargs)
+
+        self.hooks.skip_frame(call_func_at_runtime_with_args.__code__)
+        return call_func_at_runtime_with_args
+
+    def _backward_runner(self) -> BackwardRunner:
+        region = Region(GraphRecord(name=BACKWARD_GRAPH, site=None, nodes=0), dynamic=True)
+        self.regions.append(region)
+        for code in (BackwardRunner.__call__.__code__, BackwardRunner._finish.__code__):
+            self.hooks.skip_frame(code)  # never compiled when called
+        return BackwardRunner(region, self.state_here, self.recorder, self.sim,
+                              self.calls_traced)
+
     def _marking(self, call: Callable) -> Callable:
-        """AOT autograd's call of a compiled backward (and of a forward that records one), on
-        the simulated GPU: what it dispatches touches buffers Inductor made on the host, and
-        its new outputs live where its inputs do (the autograd engine hands a compiled
-        backward's gradients on without an op the tracer sees)."""
+        """AOT autograd's call of a compiled forward that records a backward, on the
+        simulated GPU: what it dispatches touches buffers Inductor made on the host, and
+        its new outputs live where its inputs do."""
         marks, state_here = self.sim.cuda_marks, self.state_here
 
         def call_func_at_runtime_with_args(f: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:

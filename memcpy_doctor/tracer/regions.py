@@ -15,6 +15,11 @@ with those shapes are *steady*: they run with the tracer's modes off inside, and
 the region's row (a real GPU's: the measured host time; the simulated GPU's: its own kernel,
 plus the modeled host and device time of the ops inside it, as on its last traced call). The
 trace counts both (`GraphRecord.traced_calls`); `calls_traced=None` traces every call.
+
+**Compiled backwards.** AOT autograd compiles a graph's backward too, and the autograd engine
+runs it (a `CompiledFunctionBackward` node), not the region: `BackwardRunner` makes each such
+graph a region of its own, traced and then steady in the same way, its row named after the
+node, at the `backward()` call's line.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 from ..core.compiled import GraphRecord
 from .optable import OP_INFO, OpInfo, op_info
 from .sites import UNSET
-from .state import tensor_args, tensors_out, with_kwarg_tensors
+from .state import UNRESOLVED, tensor_args, tensors_out, with_kwarg_tensors
 
 Tensor = torch.Tensor
 _DisableTorchFunction = torch._C.DisableTorchFunction
@@ -37,6 +42,10 @@ _DisableTorchDispatch = torch._C._DisableTorchDispatch
 #: Tensor types a steady call may hand to compiled code with the modes off: a subclass with
 #: its own handlers needs them on
 _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+
+
+def _plain(ins: list) -> bool:
+    return all(type(t) in _PLAIN_TENSORS for t in ins)
 
 
 def _device_of(ins: list, dev_in: list) -> str:
@@ -118,11 +127,11 @@ class Region:
     def shapes_key(ins: list) -> tuple:
         return tuple([t.shape for t in ins])
 
-    def learn(self, key: Any, quiet: bool, ins: list, extra: tuple[int, int],
+    def learn(self, key: Any, quiet: bool, plain: bool, extra: tuple[int, int],
               calls_traced: int | None) -> None:
         """After a traced call: steady from now on with these shapes, if its last
-        `calls_traced` calls were quiet."""
-        if not quiet or any(type(t) not in _PLAIN_TENSORS for t in ins):
+        `calls_traced` calls were quiet (and its inputs `plain` tensors)."""
+        if not quiet or not plain:
             self.noisy = True
             return
         seen = self.quiet[key] = self.quiet.get(key, 0) + 1
@@ -201,7 +210,7 @@ class RegionRunner:
         if not region.noisy and self.calls_traced is not None:
             extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
                      if timeline is not None else (0, 0))
-            region.learn(key, col.recorded == seen, ins, extra, self.calls_traced)
+            region.learn(key, col.recorded == seen, _plain(ins), extra, self.calls_traced)
         with _DisableTorchFunction():
             return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, None, entry)
 
@@ -237,3 +246,85 @@ class RegionRunner:
             timeline.device_ns += inside_device
             agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
         return out
+
+
+class BackwardRunner:
+    """Runs one compiled backward graph (AOT autograd's, called by the autograd engine for a
+    CompiledFunctionBackward node) as a region, as RegionRunner does a forward: traced op by
+    op, then steady once its traced calls with the same input shapes were quiet. Its row is
+    the node's name, at the backward() call's line. The compiled backward frees its inputs as
+    it goes (AOT hands it their list to empty), so nothing here holds them during the call:
+    its row has no reads, only the gradients it writes."""
+
+    def __init__(self, region: Region, state_here: Callable, recorder: Callable, sim: Any,
+                 calls_traced: int | None) -> None:
+        self.region, self.state_here, self.recorder = region, state_here, recorder
+        self.marks = sim.cuda_marks if sim is not None else None
+        self.calls_traced = calls_traced
+        self._records: dict[int, Any] = {}
+
+    def __call__(self, state: Any, call: Callable, f: Any, args: list, rest: tuple,
+                 kwargs: dict) -> Any:
+        region, marks = self.region, self.marks
+        region.calls += 1
+        with _DisableTorchFunction():
+            ins = [a for a in args if isinstance(a, Tensor)]
+            if marks is None:
+                dev_in = [t.is_cuda for t in ins]
+            else:
+                dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
+            any_dev = True in dev_in
+            device = _device_of(ins, dev_in) if any_dev else "cpu"
+            key = (region.shapes_key(ins), any_dev)
+            plain = _plain(ins)
+            del ins
+        extra = region.steady.get(key) if region.steady else None
+        if extra is not None:  # a steady call: the ops inside untraced
+            with _DisableTorchFunction(), _DisableTorchDispatch():
+                t0 = perf_counter_ns()
+                out = call(f, args, *rest, **kwargs)
+                host_ns = perf_counter_ns() - t0
+            return self._finish(state, out, any_dev, device, host_ns, extra)
+        region.traced_calls += 1
+        col, timeline = state.collector, state.timeline
+        seen = col.recorded
+        host0, busy0 = (timeline.host_ns, timeline.busy_ns) if timeline is not None else (0, 0)
+        put_back = (swap_dispatch(state, None, None, marks.mark_outputs, self.state_here)
+                    if any_dev and marks is not None else None)
+        t0 = perf_counter_ns()
+        try:
+            out = call(f, args, *rest, **kwargs)
+        finally:
+            if put_back is not None:
+                put_back()
+        host_ns = perf_counter_ns() - t0
+        if not region.noisy and self.calls_traced is not None:
+            extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
+                     if timeline is not None else (0, 0))
+            region.learn(key, col.recorded == seen, plain, extra, self.calls_traced)
+        return self._finish(state, out, any_dev, device, host_ns, None)
+
+    def _finish(self, state: Any, out: Any, any_dev: bool, device: str, host_ns: int,
+                extra: tuple[int, int] | None) -> Any:
+        """Record the node's row: the gradients it wrote, on the simulated GPU marked where
+        its inputs were, and, for a steady call (`extra`), the time of the ops inside it."""
+        with _DisableTorchFunction():
+            outs = tensors_out(out)
+            if any_dev and self.marks is not None:
+                self.marks.mark_outputs(outs)
+            record = self._records.get(id(state))
+            if record is None:
+                record = self._records[id(state)] = self.recorder(state)
+            site = state.backward_site  # the backward() call's line, set as it began
+            if site is UNRESOLVED:
+                site = state.here()
+            agg = record(self.region.info, (), {}, [], out, outs, [], any_dev, device, site,
+                         host_ns)
+            timeline = state.timeline
+            if extra is not None and timeline is not None and agg is not None:
+                inside_host, inside_device = extra
+                timeline.host_ns += inside_host
+                timeline.device_ns += inside_device
+                agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
+        return out
+
