@@ -91,6 +91,25 @@ def swap_dispatch(state: Any, entry: list | None, reads: list | None,
     return lambda: setattr(mode, "__torch_dispatch__", plain)
 
 
+def _record_step(records: dict[int, Any], recorder: Callable, state: Any) -> Callable:
+    """The thread's per-op record step (tracer/perop.py), made once per thread."""
+    record = records.get(id(state))
+    if record is None:
+        record = records[id(state)] = recorder(state)
+    return record
+
+
+def _add_inside(state: Any, agg: Any, extra: tuple[int, int] | None) -> None:
+    """A steady call's row takes the time its traced calls modeled for the ops inside it
+    (`extra`: host ns, device ns), on the simulated GPU."""
+    timeline = state.timeline
+    if extra is not None and timeline is not None and agg is not None:
+        inside_host, inside_device = extra
+        timeline.host_ns += inside_host
+        timeline.device_ns += inside_device
+        agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
+
+
 #: The code of every region's dispatch handler (one code object for all the closures)
 REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
 
@@ -126,6 +145,25 @@ class Region:
     @staticmethod
     def shapes_key(ins: list) -> tuple:
         return tuple([t.shape for t in ins])
+
+    @staticmethod
+    def watch(state: Any) -> tuple[int, int, int]:
+        """What a traced call is measured from: the copies and waits recorded so far, and
+        the simulated GPU's modeled host time and queued device time."""
+        timeline = state.timeline
+        host, busy = (timeline.host_ns, timeline.busy_ns) if timeline is not None else (0, 0)
+        return state.collector.recorded, host, busy
+
+    def learn_from(self, state: Any, watched: tuple[int, int, int], key: Any, plain: bool,
+                   calls_traced: int | None) -> None:
+        """After a traced call watched from `watched` (watch): learn from it."""
+        if self.noisy or calls_traced is None:
+            return
+        seen, host0, busy0 = watched
+        timeline = state.timeline
+        extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
+                 if timeline is not None else (0, 0))
+        self.learn(key, state.collector.recorded == seen, plain, extra, calls_traced)
 
     def learn(self, key: Any, quiet: bool, plain: bool, extra: tuple[int, int],
               calls_traced: int | None) -> None:
@@ -196,9 +234,7 @@ class RegionRunner:
         put_back = swap_dispatch(state, entry, reads if walk else None,
                                  marks.mark_outputs if mark else None,
                                  self.state_here) if mark or walk else None
-        col, timeline = state.collector, state.timeline
-        seen = col.recorded
-        host0, busy0 = (timeline.host_ns, timeline.busy_ns) if timeline is not None else (0, 0)
+        watched = region.watch(state)
         t0 = perf_counter_ns()
         try:
             out = self.compiled(*args, **kwargs)
@@ -207,10 +243,7 @@ class RegionRunner:
             if put_back is not None:
                 put_back()
         host_ns = perf_counter_ns() - t0
-        if not region.noisy and self.calls_traced is not None:
-            extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
-                     if timeline is not None else (0, 0))
-            region.learn(key, col.recorded == seen, _plain(ins), extra, self.calls_traced)
+        region.learn_from(state, watched, key, _plain(ins), self.calls_traced)
         with _DisableTorchFunction():
             return self._finish(state, args, kwargs, ins, dev_in, out, host_ns, None, entry)
 
@@ -225,9 +258,7 @@ class RegionRunner:
         outs = [out] if isinstance(out, Tensor) else tensors_out(out)
         if any_dev and marks is not None:  # the artifact ran on the host: its new outputs
             marks.mark_outputs(outs)  # live where its inputs do
-        record = self._records.get(id(state))
-        if record is None:
-            record = self._records[id(state)] = self.recorder(state)
+        record = _record_step(self._records, self.recorder, state)
         device = _device_of(ins, dev_in) if any_dev else "cpu"
         site = region.site
         if site is None:  # a graph of torch's own code (a compiled nn.Sequential): the
@@ -239,12 +270,7 @@ class RegionRunner:
                 region.record.site = site
         agg = record(region.info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site,
                      host_ns)
-        timeline = state.timeline
-        if extra is not None and timeline is not None and agg is not None:
-            inside_host, inside_device = extra
-            timeline.host_ns += inside_host
-            timeline.device_ns += inside_device
-            agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
+        _add_inside(state, agg, extra)
         return out
 
 
@@ -286,9 +312,7 @@ class BackwardRunner:
                 host_ns = perf_counter_ns() - t0
             return self._finish(state, out, any_dev, device, host_ns, extra)
         region.traced_calls += 1
-        col, timeline = state.collector, state.timeline
-        seen = col.recorded
-        host0, busy0 = (timeline.host_ns, timeline.busy_ns) if timeline is not None else (0, 0)
+        watched = region.watch(state)
         put_back = (swap_dispatch(state, None, None, marks.mark_outputs, self.state_here)
                     if any_dev and marks is not None else None)
         t0 = perf_counter_ns()
@@ -298,10 +322,7 @@ class BackwardRunner:
             if put_back is not None:
                 put_back()
         host_ns = perf_counter_ns() - t0
-        if not region.noisy and self.calls_traced is not None:
-            extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
-                     if timeline is not None else (0, 0))
-            region.learn(key, col.recorded == seen, plain, extra, self.calls_traced)
+        region.learn_from(state, watched, key, plain, self.calls_traced)
         return self._finish(state, out, any_dev, device, host_ns, None)
 
     def _finish(self, state: Any, out: Any, any_dev: bool, device: str, host_ns: int,
@@ -312,19 +333,12 @@ class BackwardRunner:
             outs = tensors_out(out)
             if any_dev and self.marks is not None:
                 self.marks.mark_outputs(outs)
-            record = self._records.get(id(state))
-            if record is None:
-                record = self._records[id(state)] = self.recorder(state)
+            record = _record_step(self._records, self.recorder, state)
             site = state.backward_site  # the backward() call's line, set as it began
             if site is UNRESOLVED:
                 site = state.here()
             agg = record(self.region.info, (), {}, [], out, outs, [], any_dev, device, site,
                          host_ns)
-            timeline = state.timeline
-            if extra is not None and timeline is not None and agg is not None:
-                inside_host, inside_device = extra
-                timeline.host_ns += inside_host
-                timeline.device_ns += inside_device
-                agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
+            _add_inside(state, agg, extra)
         return out
 
