@@ -574,6 +574,23 @@ def test_a_compiled_backward_runs_steady_with_the_same_modeled_times(tmp_path):
     assert steady.summary.total_ns == every.summary.total_ns
 
 
+@pytest.mark.cuda
+def test_on_a_gpu_a_compiled_backward_runs_steady_and_trains_as_without_the_tool(tmp_path):
+    """On a real GPU the engine runs a CUDA backward on a thread of its own: the backward's
+    region is found there, goes steady after 3 calls, keeps the backward() line, and the
+    weights are those of the same loop run without the tool."""
+    steady, _, scope = run_program(tmp_path, TRAIN_LOOP, device="cuda")
+    torch._dynamo.reset()
+    plain = dict(scope, __name__="__main__")
+    exec(compile(textwrap.dedent(TRAIN_LOOP), "plain.py", "exec"), plain)
+    torch._dynamo.reset()
+    assert torch.allclose(scope["weight"], plain["weight"], rtol=1e-5, atol=1e-6)
+    [back] = [g for g in steady.compile.graphs if g.name == "CompiledFunctionBackward"]
+    assert (back.traced_calls, back.calls) == (3, 10)
+    rows = [o for o in steady.ops if o.op == "CompiledFunctionBackward"]
+    assert [(o.calls, o.device, o.site.line) for o in rows] == [(10, "cuda:0", 9)]
+
+
 def test_a_graph_whose_traced_calls_copy_stays_traced(tmp_path):
     """A graph with a sync inside (an in-graph read that sizes a tensor) never runs steady:
     each call's sync is recorded."""
