@@ -174,8 +174,15 @@ def test_memory_stays_flat_as_the_trace_grows(tmp_path):
 
 
 def _et_fields(t) -> tuple:
-    nodes = [(n.id, n.name, n.parent, n.rf, n.is_op, n.ins, n.outs) for n in t.nodes.values()]
-    return (t.schema, t.pid, nodes, t._writes, t._touches)
+    """The ET's nodes, and for each node and each storage it has, its producer and
+    consumer as the join asks for them."""
+    nodes = list(t.nodes.values())
+    fields = [(n.id, n.name, n.parent, n.rf, n.is_op, n.ins, n.outs) for n in nodes]
+    flows = [(n.id, s, getattr(t.producer(n, s), "id", None),
+              getattr(t.consumer(n, s), "id", None))
+             for n in nodes for _, s, _ in (*n.ins, *n.outs)]
+    assert any(p is not None for _, _, p, _ in flows)
+    return (t.schema, t.pid, fields, flows)
 
 
 @pytest.mark.parametrize("layout", [et, et_v101])

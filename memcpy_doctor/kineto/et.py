@@ -28,16 +28,18 @@ output tensors by id; joined to the Kineto trace, it says which op made the copi
   named the same way (up to the outermost op), or none when the storage was next allocated
   anew.
 
-Pure: parsed JSON in, OpRefs out; errors a user can cause are TraceError with one line.
+The ET's nodes are kept as rows of a temporary SQLite database (EtNodes, as the events are
+in kineto/events.py): the node, its tensors, the storages it writes and touches, so that memory
+does not grow with the ET. Parsed JSON in (or its nodes as a stream parses them), OpRefs out;
+errors a user can cause are TraceError with one line.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import Counter
-from typing import Any
+from typing import Any, Iterator
 
-from .events import OP, Event, as_events, to_records
+from .events import CACHE_KIB, OP, Event, as_events, require_store, sqlite3, to_records
 from .frames import user_frame
 from .stacks import Enclosing
 from ..core.trace import OpRef, TraceError
@@ -48,7 +50,8 @@ _SIDE_HOST = {"HtoD": True, "DtoH": False, "DtoD": False}  # where a copy's sour
 
 
 class EtNode:
-    """One op (or label: a record_function range, a thread) of an execution trace."""
+    """One op (or label: a record_function range, a thread) of an execution trace; equal to
+    another record of the same node (its id)."""
 
     __slots__ = ("id", "name", "parent", "rf", "is_op", "ins", "outs")
 
@@ -57,27 +60,57 @@ class EtNode:
         self.id, self.name, self.parent, self.rf, self.is_op = id, name, parent, rf, is_op
         self.ins, self.outs = ins, outs
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EtNode) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
 
 class ExecutionTrace:
-    """An execution trace read for joining: its nodes by id and by rf_id, and each storage's
-    accesses in the order the ops started (writes; and reads or writes, for consumers)."""
+    """An execution trace read for joining: its nodes by id (`nodes`) and by rf_id
+    (`by_rf`), and each storage's accesses in the order the ops started (writes; and reads
+    or writes, for consumers). The nodes are rows of a temporary SQLite database (EtNodes
+    writes them, as the events' store is: kineto/events.py), each made an EtNode when
+    asked for, so that memory does not grow with the ET."""
 
-    def __init__(self, source: str, schema: str, pid: int | None, nodes: list[EtNode],
-                 writes: dict[int, list[int]], touches: dict[int, list[tuple[int, bool]]]):
+    def __init__(self, source: str, schema: str, pid: int | None, db: Any,
+                 names: list[str]) -> None:
         self.source, self.schema, self.pid = source, schema, pid
-        self.nodes = {n.id: n for n in nodes}
-        self.by_rf = {n.rf: n for n in nodes if n.rf > 0}
-        self._writes = writes  # storage id -> ids of the nodes that wrote it, ascending
-        self._touches = touches  # storage id -> (node id, read it), ascending
-        self._touch_ids = {s: [i for i, _ in t] for s, t in touches.items()}
+        self._db, self._names = db, names
+        self._count = db.execute("SELECT count(*) FROM node").fetchone()[0]
+        self.nodes = _Nodes(self)
+        self.by_rf = _ByRf(self)
+
+    def node(self, row: tuple | None) -> EtNode | None:
+        """The EtNode of a row of table `node` (id, seq, name, parent, rf, is_op)."""
+        if row is None:
+            return None
+        id_, seq, name, parent, rf, is_op = row
+        ins: list[Tensor] = []
+        outs: list[Tensor] = []
+        for out, tid, storage, host in self._db.execute(
+                "SELECT out, tid, storage, host FROM tensor WHERE seq = ? ORDER BY rowid",
+                (seq,)):
+            (outs if out else ins).append((tid, storage, bool(host)))
+        return EtNode(id_, self._names[name], parent, rf, bool(is_op), ins, outs)
+
+    def rf_names(self) -> Iterator[tuple[int, str]]:
+        """(rf_id, name) of each node by_rf has, in rf_id order, one at a time."""
+        last = None
+        for rf, name in self._db.execute("SELECT rf, name FROM node WHERE rf > 0 "
+                                         "ORDER BY rf, id DESC, seq DESC"):
+            if rf != last:
+                last = rf
+                yield rf, self._names[name]
 
     def ancestors(self, node: EtNode) -> list[EtNode]:
         """The nodes around `node`, innermost first, up to (not including) the root."""
         out: list[EtNode] = []
         cur = node
-        while len(out) <= len(self.nodes):  # a malformed ET's cycle ends here
+        while len(out) <= self._count:  # a malformed ET's cycle ends here
             parent = self.nodes.get(cur.parent)
-            if parent is None or parent is cur:
+            if parent is None or parent.id == cur.id:
                 break
             out.append(parent)
             cur = parent
@@ -96,27 +129,90 @@ class ExecutionTrace:
     def producer(self, reader: EtNode, storage: int) -> EtNode | None:
         """The op that last wrote `storage` before `reader` started, as the outermost op
         around it that is not around `reader` too; None when the ET shows no such write."""
-        ids = self._writes.get(storage)
-        if not ids:
-            return None
-        around = {a.id for a in self.ancestors(reader)}
-        for j in range(bisect_left(ids, reader.id) - 1, -1, -1):
-            if ids[j] not in around:
-                return self.outermost_op(self.nodes[ids[j]], around)
+        around: set[int] | None = None
+        for (nid,) in self._db.execute("SELECT node FROM write WHERE storage = ? AND node < ? "
+                                       "ORDER BY node DESC, rowid DESC", (storage, reader.id)):
+            if around is None:
+                around = {a.id for a in self.ancestors(reader)}
+            if nid not in around:
+                return self.outermost_op(self.nodes[nid], around)
         return None
 
     def consumer(self, op: EtNode, storage: int) -> EtNode | None:
         """The outermost op around the first op outside `op` to read `storage` after `op`
         started; None when no op read it before it was allocated anew (or at all)."""
-        touches = self._touches.get(storage)
-        if not touches:
-            return None
-        for nid, read in touches[bisect_right(self._touch_ids[storage], op.id):]:
+        for nid, read in self._db.execute("SELECT node, read FROM touch WHERE storage = ? AND "
+                                          "node > ? ORDER BY node, rowid", (storage, op.id)):
             node = self.nodes[nid]
             if op in self.ancestors(node):
                 continue  # the copy's own op and those inside it
             return self.outermost_op(node) if read else None
         return None
+
+
+class _Nodes:
+    """An ET's nodes by id, read from its database as asked for (ExecutionTrace.nodes)."""
+
+    def __init__(self, et: ExecutionTrace) -> None:
+        self._et = et
+
+    def get(self, id_: Any, default: Any = None) -> EtNode | None:
+        if type(id_) is not int:
+            return default
+        node = self._et.node(self._et._db.execute(f"SELECT {_NODE} FROM node WHERE id = ?",
+                                                  (id_,)).fetchone())
+        return default if node is None else node
+
+    def __getitem__(self, id_: int) -> EtNode:
+        node = self.get(id_)
+        if node is None:
+            raise KeyError(id_)
+        return node
+
+    def __contains__(self, id_: Any) -> bool:
+        return self.get(id_) is not None
+
+    def __len__(self) -> int:
+        return self._et._count
+
+    def values(self) -> Iterator[EtNode]:
+        """Every node, by id (one at a time)."""
+        for row in self._et._db.execute(f"SELECT {_NODE} FROM node ORDER BY id"):
+            yield self._et.node(row)
+
+
+class _ByRf:
+    """An ET's nodes by RecordFunction handle (rf_id > 0; the last node with one, by id)."""
+
+    def __init__(self, et: ExecutionTrace) -> None:
+        self._et = et
+
+    def get(self, rf: Any, default: Any = None) -> EtNode | None:
+        if type(rf) is not int or rf <= 0:
+            return default
+        node = self._et.node(self._et._db.execute(
+            f"SELECT {_NODE} FROM node WHERE rf = ? ORDER BY id DESC, seq DESC LIMIT 1",
+            (rf,)).fetchone())
+        return default if node is None else node
+
+    def __getitem__(self, rf: int) -> EtNode:
+        node = self.get(rf)
+        if node is None:
+            raise KeyError(rf)
+        return node
+
+
+_NODE = "id, seq, name, parent, rf, is_op"
+_ET_TABLES = (
+    "CREATE TABLE node (id INTEGER PRIMARY KEY, seq INT, name INT, parent INT, rf INT, "
+    "is_op INT)",
+    "CREATE TABLE tensor (seq INT, out INT, tid INT, storage INT, host INT)",
+    "CREATE TABLE write (storage INT, node INT)",
+    "CREATE TABLE touch (storage INT, node INT, read INT)",
+)
+_ET_INDEXES = ("CREATE INDEX node_rf ON node(rf)", "CREATE INDEX tensor_seq ON tensor(seq)",
+               "CREATE INDEX write_at ON write(storage, node)",
+               "CREATE INDEX touch_at ON touch(storage, node)")
 
 
 def parse_execution_trace(data: Any, source: str) -> ExecutionTrace:
@@ -133,31 +229,75 @@ def parse_execution_trace(data: Any, source: str) -> ExecutionTrace:
 
 class EtNodes:
     """An ET's nodes read one at a time (as the stream parses them, kineto/stream.py
-    read_array), each kept as an EtNode, not the dict it came as; `trace` makes the
-    ExecutionTrace once the other members (schema, pid) are known."""
+    read_array), each written at once as rows of a temporary SQLite database: the node, its
+    tensors, and the storages it writes and touches (reads, or writes anew); `trace` makes
+    the ExecutionTrace once the other members (schema, pid) are known."""
 
     def __init__(self) -> None:
+        require_store("an execution trace")
         self.seen = 0
-        self._nodes: list[tuple[EtNode, bool]] = []
+        self._db = sqlite3.connect("", isolation_level=None)
+        self._db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        self._db.execute("PRAGMA journal_mode = OFF")
+        for table in _ET_TABLES:
+            self._db.execute(table)
         self._found: Counter = Counter()  # "ids": tensors with ids, "bare": tensors without
-        self._names: dict[str, str] = {}  # one copy of each op name
+        self._names: list[str] = []  # name number -> the op's name
+        self._name_ids: dict[str, int] = {}
         self._error: Exception | None = None
 
     def read(self, elements: Any) -> None:
         """Keep each node of `elements`; the first one that cannot be read is kept as an
         error, raised by `trace` (which knows the schema its message names)."""
-        names, nodes = self._names, self._nodes
-        for x in elements:
-            self.seen += 1
-            if self._error is not None:
-                continue
-            try:
-                node, mutates = _node(x, self._found)
-            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-                self._error = e
-                continue
-            node.name = names.setdefault(node.name, node.name)
-            nodes.append((node, mutates))
+        rows: dict[str, list[tuple]] = {"node": [], "tensor": [], "write": [], "touch": []}
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for x in elements:
+                self.seen += 1
+                if self._error is not None:
+                    continue
+                try:
+                    node, mutates = _node(x, self._found)
+                except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                    self._error = e
+                    continue
+                self._rows(node, mutates, rows)
+                if len(rows["tensor"]) >= 4096 or len(rows["node"]) >= 4096:
+                    self._write(rows)
+            self._write(rows)
+        finally:
+            db.execute("COMMIT")
+
+    def _rows(self, n: EtNode, mutates: bool, rows: dict[str, list[tuple]]) -> None:
+        """The rows of one node: a new result is written (and touched) in a storage no input
+        has; an input changed in place (copy_, add_, out=) is written; every input's storage
+        is touched by a read."""
+        name = self._name_ids.get(n.name)
+        if name is None:
+            name = self._name_ids[n.name] = len(self._names)
+            self._names.append(n.name)
+        rows["node"].append((n.id, self.seen, name, n.parent, n.rf, n.is_op))
+        rows["tensor"] += [(self.seen, 0, t, s, h) for t, s, h in n.ins]
+        rows["tensor"] += [(self.seen, 1, t, s, h) for t, s, h in n.outs]
+        read = {s for _, s, _ in n.ins}
+        rows["touch"] += [(s, n.id, 1) for s in sorted(read)]
+        mine = {t for t, _, _ in n.ins}
+        for t, s, _ in n.outs:
+            if s not in read:  # a new result, in a storage no input has
+                rows["write"].append((s, n.id))
+                rows["touch"].append((s, n.id, 0))
+            elif t in mine and mutates:  # changed in place (copy_, add_, out=)
+                rows["write"].append((s, n.id))
+
+    def _write(self, rows: dict[str, list[tuple]]) -> None:
+        db = self._db
+        db.executemany("INSERT OR REPLACE INTO node VALUES (?, ?, ?, ?, ?, ?)", rows["node"])
+        db.executemany("INSERT INTO tensor VALUES (?, ?, ?, ?, ?)", rows["tensor"])
+        db.executemany("INSERT INTO write VALUES (?, ?)", rows["write"])
+        db.executemany("INSERT INTO touch VALUES (?, ?, ?)", rows["touch"])
+        for kept in rows.values():
+            kept.clear()
 
     def trace(self, members: dict, source: str) -> ExecutionTrace:
         """The ExecutionTrace of the nodes read, given the file's other top-level members;
@@ -173,21 +313,9 @@ class EtNodes:
                    "device]" if self._found["bare"] else "no op in it has a tensor")
             raise TraceError(f"{source}: an execution trace (schema {schema}) without tensor "
                              f"ids ({why}): no producers can be read from it")
-        nodes = sorted(self._nodes, key=lambda nm: nm[0].id)
-        writes: dict[int, list[int]] = {}
-        touches: dict[int, list[tuple[int, bool]]] = {}
-        for n, mutates in nodes:
-            read = {s for _, s, _ in n.ins}
-            for s in read:
-                touches.setdefault(s, []).append((n.id, True))
-            mine = {t for t, _, _ in n.ins}
-            for t, s, _ in n.outs:
-                if s not in read:  # a new result, in a storage no input has
-                    writes.setdefault(s, []).append(n.id)
-                    touches.setdefault(s, []).append((n.id, False))
-                elif t in mine and mutates:  # changed in place (copy_, add_, out=)
-                    writes.setdefault(s, []).append(n.id)
-        return ExecutionTrace(source, schema, pid, [n for n, _ in nodes], writes, touches)
+        for index in _ET_INDEXES:
+            self._db.execute(index)
+        return ExecutionTrace(source, schema, pid, self._db, self._names)
 
 
 def _node(x: dict, found: Counter) -> tuple[EtNode, bool]:
@@ -258,20 +386,31 @@ class EtJoin:
     def __init__(self, et: ExecutionTrace, events: Any, found: Enclosing,
                  source: str) -> None:
         self.et, self.found = et, found
-        self.ops: dict[int, int] = {}  # rf_id -> the Kineto cpu_op's id, where the ET has it
+        events = self._events = as_events(events)
+        # the Kineto cpu_ops the ET has (rf_id -> the op's id): the two sides read in rf order
+        # and merged, kept in the events' database (table etop), the last op of each rf's
+        db = events.db
+        db.execute("DROP TABLE IF EXISTS temp.etop")  # (another ET joined to these events)
+        db.execute("CREATE TEMP TABLE etop (rf INTEGER PRIMARY KEY, op INT)")
         ids = same = differ = 0
-        events = as_events(events)
-        names = events.names
-        for id_, rf, name in events.query(f"SELECT id, rf, name FROM ev WHERE k = {OP} AND "
-                                          "typeof(rf) = 'integer' AND rf > 0 ORDER BY id"):
+        names, matched = events.names, []
+        in_et = et.rf_names()
+        at = next(in_et, None)
+        for id_, rf, name in db.execute(f"SELECT id, rf, name FROM ev WHERE k = {OP} AND "
+                                        "typeof(rf) = 'integer' AND rf > 0 ORDER BY rf, id"):
             ids += 1
-            node = et.by_rf.get(rf)
-            if node is not None and node.name == names[name]:
-                same += 1
-                self.ops[rf] = id_
-            elif node is not None:
-                differ += 1
-        self._events = events
+            while at is not None and at[0] < rf:
+                at = next(in_et, None)
+            if at is not None and at[0] == rf:
+                if at[1] == names[name]:
+                    same += 1
+                    matched.append((rf, id_))
+                else:
+                    differ += 1
+            if len(matched) >= 4096:
+                db.executemany("INSERT OR REPLACE INTO etop VALUES (?, ?)", matched)
+                matched.clear()
+        db.executemany("INSERT OR REPLACE INTO etop VALUES (?, ?)", matched)
         if not ids:  # PyTorch numbers RecordFunctions only while an ET observer is on
             raise TraceError(f"{source}: its ops carry no record function ids, so it cannot be "
                              f"joined to {et.source} (it was recorded without an "
@@ -315,12 +454,19 @@ class EtJoin:
             consumer = self._ref(read, dst[2]) if read is not None else None
         return producer, consumer
 
+    def _op_id(self, rf: Any) -> int | None:
+        """The id of the Kineto cpu_op with record function id `rf` the ET has; None."""
+        if type(rf) is not int:
+            return None
+        row = self._events.db.execute("SELECT op FROM etop WHERE rf = ?", (rf,)).fetchone()
+        return row[0] if row is not None else None
+
     def _node(self, op: Event) -> EtNode | None:
         rf = op.rf
-        return self.et.by_rf.get(rf) if rf in self.ops else None
+        return self.et.by_rf.get(rf) if self._op_id(rf) is not None else None
 
     def _ref(self, node: EtNode, host: bool) -> OpRef:
-        op = self._events.get(self.ops.get(node.rf))
+        op = self._events.get(self._op_id(node.rf))
         site = user_frame(self.found.op_sites(op)) if op is not None else None
         return OpRef(node.name, "cpu" if host else "cuda", site)
 
