@@ -150,27 +150,38 @@ class ExecutionTrace:
         return None
 
 
-class _Nodes:
-    """An ET's nodes by id, read from its database as asked for (ExecutionTrace.nodes)."""
+class _Lookup:
+    """ET nodes by a key (id, or rf_id), read from the ET's database as asked for: `_SQL`
+    selects the node of a key, None where a key cannot be one (`_valid`)."""
+
+    _SQL = ""
 
     def __init__(self, et: ExecutionTrace) -> None:
         self._et = et
 
-    def get(self, id_: Any, default: Any = None) -> EtNode | None:
-        if type(id_) is not int:
+    def _valid(self, key: Any) -> bool:
+        return type(key) is int
+
+    def get(self, key: Any, default: Any = None) -> EtNode | None:
+        if not self._valid(key):
             return default
-        node = self._et.node(self._et._db.execute(f"SELECT {_NODE} FROM node WHERE id = ?",
-                                                  (id_,)).fetchone())
+        node = self._et.node(self._et._db.execute(self._SQL, (key,)).fetchone())
         return default if node is None else node
 
-    def __getitem__(self, id_: int) -> EtNode:
-        node = self.get(id_)
+    def __getitem__(self, key: Any) -> EtNode:
+        node = self.get(key)
         if node is None:
-            raise KeyError(id_)
+            raise KeyError(key)
         return node
 
-    def __contains__(self, id_: Any) -> bool:
-        return self.get(id_) is not None
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+
+class _Nodes(_Lookup):
+    """An ET's nodes by id (ExecutionTrace.nodes)."""
+
+    _SQL = "SELECT id, seq, name, parent, rf, is_op FROM node WHERE id = ?"
 
     def __len__(self) -> int:
         return self._et._count
@@ -181,25 +192,14 @@ class _Nodes:
             yield self._et.node(row)
 
 
-class _ByRf:
+class _ByRf(_Lookup):
     """An ET's nodes by RecordFunction handle (rf_id > 0; the last node with one, by id)."""
 
-    def __init__(self, et: ExecutionTrace) -> None:
-        self._et = et
+    _SQL = ("SELECT id, seq, name, parent, rf, is_op FROM node WHERE rf = ? "
+            "ORDER BY id DESC, seq DESC LIMIT 1")
 
-    def get(self, rf: Any, default: Any = None) -> EtNode | None:
-        if type(rf) is not int or rf <= 0:
-            return default
-        node = self._et.node(self._et._db.execute(
-            f"SELECT {_NODE} FROM node WHERE rf = ? ORDER BY id DESC, seq DESC LIMIT 1",
-            (rf,)).fetchone())
-        return default if node is None else node
-
-    def __getitem__(self, rf: int) -> EtNode:
-        node = self.get(rf)
-        if node is None:
-            raise KeyError(rf)
-        return node
+    def _valid(self, key: Any) -> bool:
+        return type(key) is int and key > 0
 
 
 _NODE = "id, seq, name, parent, rf, is_op"
