@@ -48,6 +48,14 @@ def _plain(ins: list) -> bool:
     return all(type(t) in _PLAIN_TENSORS for t in ins)
 
 
+def _on_device(marks: Any, ins: list) -> list[bool]:
+    """Which of a region's tensor inputs are on the device (the simulated GPU's `marks`, or
+    a real GPU's when None)."""
+    if marks is None:
+        return [t.is_cuda for t in ins]
+    return marks.inputs(ins) if marks.refs else [False] * len(ins)
+
+
 def _device_of(ins: list, dev_in: list) -> str:
     """The device a region ran on: that of its first input on the device."""
     t = ins[dev_in.index(True)]
@@ -122,7 +130,7 @@ class Region:
     device tensors are host tensors to Dynamo's guards) to what a steady call adds on the
     simulated GPU: the modeled (host ns, device ns) of the ops inside, as on the last traced
     call; `quiet` counts the traced calls per key that made no copy and no wait inside;
-    `noisy` is set by one that did."""
+    `noisy` is set by one that did (learn_from)."""
 
     __slots__ = ("record", "info", "site", "calls", "breaks_at", "dynamic", "quiet", "steady",
                  "noisy", "traced_calls")
@@ -156,25 +164,20 @@ class Region:
 
     def learn_from(self, state: Any, watched: tuple[int, int, int], key: Any, plain: bool,
                    calls_traced: int | None) -> None:
-        """After a traced call watched from `watched` (watch): learn from it."""
+        """After a traced call watched from `watched` (watch): steady from now on with these
+        inputs (`key`) once its last `calls_traced` calls made no copy and no wait inside
+        (and its inputs were `plain` tensors); noisy for good after one that did."""
         if self.noisy or calls_traced is None:
             return
         seen, host0, busy0 = watched
-        timeline = state.timeline
-        extra = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
-                 if timeline is not None else (0, 0))
-        self.learn(key, state.collector.recorded == seen, plain, extra, calls_traced)
-
-    def learn(self, key: Any, quiet: bool, plain: bool, extra: tuple[int, int],
-              calls_traced: int | None) -> None:
-        """After a traced call: steady from now on with these shapes, if its last
-        `calls_traced` calls were quiet (and its inputs `plain` tensors)."""
-        if not quiet or not plain:
+        if state.collector.recorded != seen or not plain:
             self.noisy = True
             return
-        seen = self.quiet[key] = self.quiet.get(key, 0) + 1
-        if calls_traced is not None and seen >= calls_traced:
-            self.steady[key] = extra
+        timeline = state.timeline
+        quiet = self.quiet[key] = self.quiet.get(key, 0) + 1
+        if quiet >= calls_traced:
+            self.steady[key] = ((timeline.host_ns - host0, timeline.busy_ns - busy0)
+                                if timeline is not None else (0, 0))
 
 
 class RegionRunner:
@@ -202,10 +205,7 @@ class RegionRunner:
         disabled.__enter__()
         try:
             ins = [a for a in args if isinstance(a, Tensor)]
-            if marks is None:
-                dev_in = [t.is_cuda for t in ins]
-            else:
-                dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
+            dev_in = _on_device(marks, ins)
             key = (region.shapes_key(ins) if region.dynamic else None, True in dev_in)
             extra = region.steady.get(key) if region.steady else None
             if extra is not None:  # a steady call: the ops inside untraced
@@ -295,10 +295,7 @@ class BackwardRunner:
         region.calls += 1
         with _DisableTorchFunction():
             ins = [a for a in args if isinstance(a, Tensor)]
-            if marks is None:
-                dev_in = [t.is_cuda for t in ins]
-            else:
-                dev_in = marks.inputs(ins) if marks.refs else [False] * len(ins)
+            dev_in = _on_device(marks, ins)
             any_dev = True in dev_in
             device = _device_of(ins, dev_in) if any_dev else "cpu"
             key = (region.shapes_key(ins), any_dev)
