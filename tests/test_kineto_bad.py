@@ -111,6 +111,7 @@ def test_a_python_without_sqlite3_says_so_for_a_kineto_trace_only(tmp_path, monk
     monkeypatch.setattr(events, "sqlite3", None)
     monkeypatch.setattr(events, "STORE_ERRORS", ())
     monkeypatch.setattr(stream, "STORE_ERRORS", ())
+    monkeypatch.setattr(stream, "sqlite3", None)
     (tmp_path / "k.json").write_text(TEXT)
     status, out, err = _in_process("report", "k.json", cwd=tmp_path)
     assert status == 2, out

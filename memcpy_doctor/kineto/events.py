@@ -209,10 +209,6 @@ class Events:
         """The number `name` is stored as; -1 (no row) when no kept event has it."""
         return self._name_ids.get(name, -1)
 
-    def thread_id(self, pid: Any, tid: Any) -> int:
-        """The number the thread (pid, tid) is stored as; -1 when no kept event has it."""
-        return self._thread_ids.get((pid, tid), -1)
-
     def record(self, row: tuple) -> Event:
         """The record of a row selected as COLUMNS."""
         id_, k, ph, th, ts, dur, name, corr, sk, nbytes, rf = row

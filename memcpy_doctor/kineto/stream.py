@@ -30,7 +30,8 @@ import json
 import zlib
 from typing import Any, BinaryIO
 
-from .events import STORE_ERRORS, Events, as_events, require_store, store_error
+from .events import (STORE_ERRORS, Events, as_events, require_store, sqlite3,
+                     store_error)
 from ..core.trace import TraceError
 
 try:  # the C backend only: see the module docstring
@@ -59,7 +60,7 @@ def read_json(path: str, what: str = "a trace") -> Any:
     `traceEvents` as Events (see the module docstring); TraceError, one line, when it cannot
     be read (`what` names what it should have been)."""
     try:
-        if _IJSON is not None and STORE_ERRORS:  # (no store without sqlite3: see _whole)
+        if _IJSON is not None and sqlite3 is not None:  # (without sqlite3: see _whole)
             events = Events()
             try:
                 data = _streamed(path, "traceEvents", events)
