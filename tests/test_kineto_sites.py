@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from memcpy_doctor.analysis.attribution import explain, user_site
-from memcpy_doctor.core.site import NO_STACK_NOTE
+from memcpy_doctor.core.defaults import NO_STACK_NOTE
 from memcpy_doctor.kineto.reader import SITES_NOTE, from_kineto
 from memcpy_doctor.kineto.frames import frame_site
 from memcpy_doctor.core.trace import OpRef, Site

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..core.paths import is_user_file
-from ..core.site import LIGHT_SYNC_NOTE, NO_STACK_NOTE
+from ..core.defaults import LIGHT_SYNC_NOTE, NO_STACK_NOTE
 from ..core.trace import CopyRecord, OpRef, Site, Trace
 from .steady import per_step
 
@@ -137,7 +137,7 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
                        sync_calls=sum(c.calls for c in sync),
                        sync_time_ns=sum(c.time_ns for c in sync),
                        notes=[u for u in trace.meta.untraced
-                              if u == NO_STACK_NOTE or u == LIGHT_SYNC_NOTE],
+                              if u in (NO_STACK_NOTE, LIGHT_SYNC_NOTE)],
                        light=trace.meta.light)
 
 

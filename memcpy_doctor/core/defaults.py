@@ -115,3 +115,15 @@ CALIBRATE_COPY_SIZES = tuple(1 << k for k in range(10, 29, 2))  # 1 KiB .. 256 M
 CALIBRATE_COPY_SIZES_QUICK = tuple(1 << k for k in (12, 16, 20, 24))  # 4 KiB .. 16 MiB
 CALIBRATE_REPEATS = 10
 CALIBRATE_REPEATS_QUICK = 3
+
+#: The "Not traced" note of a trace read without Python stacks (a torch.profiler profile
+#: recorded without with_stack, kineto/reader.py), which `explain` repeats: no line to name.
+NO_STACK_NOTE = ("call sites: the profile has no Python stacks; a torch.profiler profile "
+                 "recorded with with_stack=True would name the lines")
+
+#: The note of a trace of `profile --light` (tracer/light.py) that `explain` repeats: what a
+#: sync found by PyTorch's sync-debug warning does not say.
+LIGHT_SYNC_NOTE = ("light mode: a `sync_debug` copy is a sync found by its warning: its "
+                   "direction and size are not known (recorded as DtoH, 0 bytes) and it is "
+                   "not timed (PyTorch hands the warning to Python after the call that synced "
+                   "has returned; a backward pass's when the pass ends)")

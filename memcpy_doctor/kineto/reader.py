@@ -33,11 +33,10 @@ from collections import Counter
 from typing import Any
 
 from .et import EtJoin, EtNodes, ExecutionTrace, parse_execution_trace
-from .events import (KERNEL, MALFORMED, OP, RUNTIME, STORE_ERRORS, Event, Events, as_events,
-                     store_error)
+from .events import KERNEL, OP, RUNTIME, Event, Events, as_events, one_line
 from .stacks import enclosing
 from .stream import read_array, read_json, read_whole
-from ..core.site import NO_STACK_NOTE
+from ..core.defaults import NO_STACK_NOTE
 from ..core.summary import summarize
 from ..core.trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
                     copy_event_name)
@@ -336,10 +335,5 @@ def load_any(path: str, et: ExecutionTrace | None = None) -> Trace:
 
 def kineto_trace(data: dict, path: str, et: ExecutionTrace | None = None) -> Trace:
     """from_kineto, with what a malformed event raises turned into one TraceError line."""
-    try:
+    with one_line(path):
         return from_kineto(data, path, et)
-    except MALFORMED as e:
-        raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
-                         f"({type(e).__name__}: {e})") from None
-    except STORE_ERRORS as e:
-        raise store_error(path, e) from None

@@ -43,8 +43,8 @@ import torch
 
 from ..core import __version__
 from ..core.costmodel import DeviceProfile, load_profile
-from ..core.defaults import DEFAULT_DEVICE, LIGHT_SYNC_TRIGGER, SYNC_DEBUG_WARNING
-from ..core.site import LIGHT_SYNC_NOTE
+from ..core.defaults import (DEFAULT_DEVICE, LIGHT_SYNC_NOTE, LIGHT_SYNC_TRIGGER,
+                             SYNC_DEBUG_WARNING)
 from ..core.summary import summarize
 from ..core.trace import Meta, Trace
 from . import Tracer, _active, _Patch, register
