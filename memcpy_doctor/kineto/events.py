@@ -33,6 +33,7 @@ runtime call, the ops around it), never for all of them at once.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 try:
@@ -263,6 +264,19 @@ def store_error(path: str, e: Exception) -> TraceError:
     for its temporary file)."""
     return TraceError(f"{path}: reading it needs a temporary file, which SQLite could not "
                       f"keep ({e}); SQLITE_TMPDIR names the folder it uses")
+
+
+@contextmanager
+def one_line(path: str) -> Iterator[None]:
+    """Turn what mapping a malformed trace raises (MALFORMED), or a store SQLite could not
+    keep, into one TraceError line naming `path`."""
+    try:
+        yield
+    except MALFORMED as e:
+        raise TraceError(f"{path}: a torch.profiler trace this version cannot read "
+                         f"({type(e).__name__}: {e})") from None
+    except STORE_ERRORS as e:
+        raise store_error(path, e) from None
 
 
 def as_events(events: Iterable[Any]) -> Events:

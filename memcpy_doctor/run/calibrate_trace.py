@@ -29,7 +29,7 @@ from fractions import Fraction
 from typing import Any, Iterable
 
 from ..core.costmodel import DeviceProfile
-from ..kineto.events import MALFORMED, STORE_ERRORS, store_error
+from ..kineto.events import one_line
 from ..kineto.reader import is_kineto, read_json
 from ..kineto.timing import timings
 from ..core.trace import TraceError
@@ -120,12 +120,10 @@ def trace_timings(paths: list[str]) -> dict[str, Any]:
             raise CalibrationError(f"{path}: not a torch.profiler trace (--from-trace reads "
                                    "the Chrome-trace JSON torch.profiler writes)")
         try:
-            t = timings(data)
-        except MALFORMED as e:
-            raise CalibrationError(f"{path}: a torch.profiler trace this version cannot read "
-                                   f"({type(e).__name__}: {e})") from None
-        except STORE_ERRORS as e:
-            raise CalibrationError(str(store_error(path, e))) from None
+            with one_line(path):
+                t = timings(data)
+        except TraceError as e:
+            raise CalibrationError(str(e)) from None
         name, seen = t["device"].get("name"), pooled["device"].get("name")
         if name and seen and name != seen:
             raise CalibrationError(f"{path}: recorded on {name}, the other traces on {seen}: "
