@@ -187,7 +187,7 @@ def measure(workload: str, mode: str, calls: int, repeat: int, instructions: boo
         result["per_call"] = {o.op: round(o.calls / runs, 2) for o in tracer.trace.ops
                               if o.calls >= runs}
         info = tracer.trace.compile
-        result["graphs"] = len(info.graphs) if info else 0
+        result["graphs"] = info.dynamo_graphs if info else 0
         result["traced_calls"] = [[g.traced_calls, g.calls] for g in info.graphs] if info else []
         result["recompiles"] = info.recompiles if info else 0
     print(json.dumps(result), flush=True)

@@ -88,8 +88,7 @@ def _compiled(trace: Trace) -> tuple[int, int, int] | None:
     info = trace.compile
     if info is None or not info.supported:
         return None
-    graphs = sum(not g.backward for g in info.graphs)  # Dynamo's, as the report counts them
-    return graphs, len(info.graph_breaks), info.recompiles
+    return info.dynamo_graphs, len(info.graph_breaks), info.recompiles
 
 
 def removed_copies(c: Comparison) -> list[PathChange]:

@@ -76,6 +76,12 @@ class CompileInfo:
     cudagraph_skips: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def dynamo_graphs(self) -> int:
+        """The graphs Dynamo compiled (the backward graphs AOT autograd made of them aside),
+        as the report and diff count them."""
+        return sum(not g.backward for g in self.graphs)
+
     def attach_copies(self, copies: list[Any]) -> None:
         """Give each graph break the sync copies made at its line, and its calls."""
         for brk in self.graph_breaks:

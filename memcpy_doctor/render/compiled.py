@@ -27,8 +27,8 @@ def compile_lines(info: CompileInfo, copies: list, steps: int | None, cwd: str |
     headers)` lays out columns."""
     if not info.supported:
         return [*info.notes]
-    backward = sum(g.backward for g in info.graphs)
-    lines = [f"torch.compile: {_plural(len(info.graphs) - backward, 'graph')}"
+    backward = len(info.graphs) - info.dynamo_graphs
+    lines = [f"torch.compile: {_plural(info.dynamo_graphs, 'graph')}"
              + (f" (and {_plural(backward, 'backward graph')})" if backward else "") + ", "
              f"{_plural(len(info.graph_breaks), 'graph break')}, "
              f"{_plural(info.recompiles, 'recompile')}"]
