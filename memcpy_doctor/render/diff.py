@@ -55,9 +55,11 @@ def render_diff(c: Comparison, before_name: str, after_name: str,
         lines.append("Both light mode: syncs by line, no ops" if all(c.light) else
                      "Warning: one trace is light mode (syncs by line as `sync_debug`, no ops), "
                      "the other full: their sync paths differ in kind, compare them by line")
-    if any(c.simulated) and not any(c.light):
-        lines.append("Times are modeled (simulated GPU)" if all(c.simulated)
-                     else "Warning: one trace is simulated, the other measured")
+    modeled = [sim and not light for sim, light in zip(c.simulated, c.light)]  # (a light
+    if any(modeled):  # trace's times are wall clock, also on the simulated GPU)
+        lines.append("Times are modeled (simulated GPU)" if all(modeled)
+                     else "Warning: one trace's times are modeled (simulated GPU), the other's "
+                     "measured")
     before, after = c.compiled
     if before != after:
         lines += [f"{side}: {_compiled(counts)}" for side, counts in
