@@ -226,6 +226,17 @@ def test_light_tracer_undoes_everything_when_the_program_fails():
     assert tracer.trace.summary.memcpy_sync.calls == 1
 
 
+def test_a_light_tracer_abandoning_its_modes_still_undoes_every_patch_in_order():
+    """stop(abandon_modes=True) (a signal, or the program's own exit) stops the simulated
+    GPU's tracer after light mode's patches over its own are undone, not before: else light
+    mode would put back the simulated GPU's torch.cuda.synchronize."""
+    synchronize = torch.cuda.synchronize
+    tracer = LightTracer(device="sim").start()
+    tracer.stop(abandon_modes=True)
+    assert torch.cuda.synchronize is synchronize and active_tracer() is None
+    assert not torch.cuda.is_available()
+
+
 def test_one_tracer_at_a_time_and_transfer_guard_says_why():
     import memcpy_doctor
     with LightTracer(device="sim"):

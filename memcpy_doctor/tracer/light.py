@@ -266,6 +266,7 @@ class LightTracer:
         self.hooks: LightHooks | None = None
         self._sim: Tracer | None = None
         self._stack: ExitStack | None = None
+        self._abandon_modes = False  # (stop's argument, for the simulated GPU's tracer)
         self._peaks_before: list[int] = []
         self._start_ns = 0
 
@@ -293,9 +294,9 @@ class LightTracer:
         self._stack = stack
         return self
 
-    def _stop_sim(self, abandon_modes: bool = False) -> None:
+    def _stop_sim(self) -> None:
         if self._sim is not None and self._sim.trace is None:
-            self._sim.stop(abandon_modes=abandon_modes)
+            self._sim.stop(abandon_modes=self._abandon_modes)
 
     def stop(self, *, abandon_modes: bool = False) -> Trace:
         """Stop (sync-debug mode, filter and patches undone; on the simulated GPU its tracer
@@ -306,9 +307,8 @@ class LightTracer:
             return self.trace
         end_ns = perf_counter_ns()
         stack, self._stack = self._stack, None
-        if abandon_modes:
-            self._stop_sim(abandon_modes=True)
-        stack.close()
+        self._abandon_modes = abandon_modes  # (the simulated GPU's tracer stops in its turn,
+        stack.close()  # after light mode's patches over its own are undone)
         self.trace = self._build(end_ns)
         return self.trace
 
