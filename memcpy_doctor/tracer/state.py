@@ -129,8 +129,9 @@ class TraceState:
         #: above 0 while a CPU kernel's range checks run that PyTorch skips for device
         #: tensors (`F.one_hot`'s): what they read back is no copy on a GPU
         self.cpu_only_checks = 0
-        #: the reads of backward formulas left by forward ops, until a backward pass arms
-        #: them (tracer/backward.py); shared with the run's other threads, as the records
+        #: the reads of backward formulas left by this thread's forward ops, until the torch
+        #: call that made them returns or a backward pass starts (tracer/backward.py arms
+        #: them); each thread's own, as another thread could arm one before its node exists
         self.backward_pending: list = []
 
     def sibling(self, thread: str) -> TraceState:
@@ -146,6 +147,7 @@ class TraceState:
         other.trigger = other.forced = other.call_args = None
         other.call_site = other.backward_site = UNRESOLVED
         other.call_frame = other.running_op = None
+        other.backward_pending = []
         other.recording = other.cpu_only_checks = 0
         other.sync_at_ns = other.waited_ns = 0
         return other
