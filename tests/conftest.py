@@ -15,7 +15,7 @@ import torch  # noqa: E402
 import warnings  # noqa: E402
 
 from memcpy_doctor.tracer import active_tracer  # noqa: E402
-from memcpy_doctor.tracer.light import LightHooks  # noqa: E402
+from memcpy_doctor.tracer.light import LightHooks, filters_changed  # noqa: E402
 
 _ORIGINAL_CUDA = {name: getattr(torch.cuda, name) for name in
                   ("is_available", "synchronize", "device_count", "Stream", "Event")}
@@ -70,7 +70,7 @@ def no_tracer_left_behind():
     if ours:
         problems.append("light mode's warnings filter is still installed")
         warnings.filters[:] = [f for f in warnings.filters if not LightHooks.owns(f)]
-        warnings._filters_mutated()
+        filters_changed()
     if torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() != 0:
         problems.append("CUDA sync-debug mode is still armed")
         torch.cuda.set_sync_debug_mode(0)

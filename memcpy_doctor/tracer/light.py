@@ -35,7 +35,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from time import perf_counter_ns
 from typing import Any, Callable
 
@@ -222,7 +222,7 @@ class LightHooks:
         try:
             self._filter = ("ignore", _SyncWarnings(self), UserWarning, None, 0)
             warnings.filters.insert(0, self._filter)
-            warnings._filters_mutated()
+            filters_changed()
             stack.callback(self._remove_filter)
             stack.enter_context(_Patch(self.patches()))
         except BaseException:
@@ -237,7 +237,7 @@ class LightHooks:
         for i, f in enumerate(warnings.filters):
             if f is self._filter:
                 del warnings.filters[i]
-                warnings._filters_mutated()
+                filters_changed()
                 break
         self._filter = None
 
@@ -245,6 +245,18 @@ class LightHooks:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+
+
+def filters_changed() -> None:
+    """Tell `warnings` its filter list changed, so that the decisions it cached per call site
+    are made again: `_filters_mutated()` to Python 3.13, `_filters_mutated_lock_held()`
+    under its lock from 3.14 (the only one 3.14's module keeps)."""
+    mutated = getattr(warnings, "_filters_mutated", None)
+    if mutated is not None:
+        mutated()
+        return
+    with getattr(warnings, "_lock", None) or nullcontext():
+        warnings._filters_mutated_lock_held()
 
 
 class LightTracer:
