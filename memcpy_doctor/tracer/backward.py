@@ -26,10 +26,10 @@ from typing import Any, Callable
 import torch
 
 from ..core.torch_private import dynamo_skip_frame
-from .syncpoints import BackwardRule, Read
+from .syncpoints import Read, SyncRule
 
 
-def pend(state: Any, rule: BackwardRule, args: tuple, kwargs: dict, out: Any) -> None:
+def pend(state: Any, rule: SyncRule, args: tuple, kwargs: dict, out: Any) -> None:
     """Keep the reads the backward of this forward call will make, until its node exists."""
     if not isinstance(out, torch.Tensor) or not torch.is_grad_enabled():
         return

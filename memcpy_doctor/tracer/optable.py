@@ -15,8 +15,7 @@ import torch
 from torch._ops import OpOverload
 
 from ..core.torch_private import flop_registry
-from .syncpoints import (BACKWARD_RULES, HOST_ARGUMENTS, SYNC_RULES, BackwardRule,
-                         SyncRule, declared_rule)
+from .syncpoints import BACKWARD_RULES, HOST_ARGUMENTS, SYNC_RULES, SyncRule, declared_rule
 
 #: Python-level calls that cause copies, by the trigger name a copy they cause is given.
 TRIGGERS: dict[Any, str] = {
@@ -102,7 +101,7 @@ class OpInfo:
     #: and calling that directly saves a Python frame an op
     call: Callable[..., Any]
     #: what its backward formula reads on the host (tracer/syncpoints.py, BACKWARD_RULES)
-    backward: BackwardRule | None = None
+    backward: SyncRule | None = None
 
 
 def _mm_flops(args: tuple, kwargs: dict, outs: list) -> int:

@@ -199,10 +199,6 @@ def _cholesky(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     return _check_errors(args, kwargs, out) if args[0].numel() else []
 
 
-def _masked_scatter_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
-    return _count(args[1])  # `grad.masked_select(mask)`: the mask's count
-
-
 def _nms(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     # torchvision >= 0.21 reduces the suppression mask on the device and returns the boxes
     # kept with masked_select: one count read back (older releases read the whole mask)
@@ -248,20 +244,10 @@ SYNC_RULES: dict[str, SyncRule] = {
     "aten::nanmedian": SyncRule("nanmedian", _median(True)),
     "aten::linalg_lstsq": SyncRule("linalg_check", _check_errors),
     "aten::cholesky": SyncRule("linalg_check", _cholesky),
-    "aten::masked_scatter_backward": SyncRule("masked_scatter_backward",
-                                              _masked_scatter_backward),
+    # (its `grad.masked_select(mask)`: the mask's count)
+    "aten::masked_scatter_backward": SyncRule("masked_scatter_backward", _masked_select),
     "torchvision::nms": SyncRule("nms", _nms),
 }
-
-@dataclass(frozen=True)
-class BackwardRule:
-    """What one op's backward formula reads from the device on the host when PyTorch runs it
-    outside a dispatch mode (tracer/backward.py says why the tracer records it itself):
-    `reads(args, kwargs, out)` of the forward call lists the copies, made each time autograd
-    runs the op's node."""
-
-    trigger: str
-    reads: Callable[[tuple, dict, Any], list[Read]]
 
 
 def _prod_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
@@ -288,12 +274,15 @@ def _masked_fill_backward(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     return _count(args[1])  # `grad.masked_select(mask).sum()`
 
 
-_MASKED_FILL_BACKWARD = BackwardRule("masked_fill_backward", _masked_fill_backward)
+_MASKED_FILL_BACKWARD = SyncRule("masked_fill_backward", _masked_fill_backward)
 
-#: By "namespace::op", as SYNC_RULES: the forward ops whose backward formula reads.
-BACKWARD_RULES: dict[str, BackwardRule] = {
-    "aten::prod": BackwardRule("prod_backward", _prod_backward),
-    "aten::cumprod": BackwardRule("cumprod_backward", _cumprod_backward),
+#: By "namespace::op", as SYNC_RULES: the forward ops whose backward formula reads from the
+#: device on the host when PyTorch runs it outside a dispatch mode (tracer/backward.py says
+#: why the tracer records it itself): the rule's `reads` of the forward call lists the
+#: copies, made each time autograd runs the op's node.
+BACKWARD_RULES: dict[str, SyncRule] = {
+    "aten::prod": SyncRule("prod_backward", _prod_backward),
+    "aten::cumprod": SyncRule("cumprod_backward", _cumprod_backward),
     "aten::masked_fill": _MASKED_FILL_BACKWARD,
     "aten::masked_fill_": _MASKED_FILL_BACKWARD,
 }
