@@ -36,7 +36,7 @@ from .sim import marks as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
 from .compiled import CompileWatch
-from .cuda import device_peaks, run_peak, wait_patches
+from .cuda import device_peaks, measured_peak, wait_patches
 from .cuda_hooks import SyncHooks
 from .cuda_timer import CudaTimer
 from .perop import recorder
@@ -336,11 +336,7 @@ class Tracer:
             peak = self._sim.cuda_marks.peak if self._sim else None
         else:
             total = end_ns - self._start_ns
-            peak = run_peak(self._peaks_before, device_peaks())
-            if peak is None:
-                notes.append("peak memory: not known; the allocator's peak before the run was "
-                             "higher than any during it (torch.cuda.reset_peak_memory_stats() "
-                             "before tracing gives it)")
+            peak = measured_peak(self._peaks_before, notes)
         simulated = self.device == "sim"
         meta = Meta(
             device=self.device, simulated=simulated,

@@ -235,6 +235,17 @@ def device_peaks() -> list[int]:
     return [torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())]
 
 
+def measured_peak(before: list[int], notes: list[str]) -> int | None:
+    """The run's peak on a real GPU, from the allocator's peaks at its start (`before`) and
+    now; where it is not known, a note to the trace's `notes` says why."""
+    peak = run_peak(before, device_peaks())
+    if peak is None:
+        notes.append("peak memory: not known; the allocator's peak before the run was higher "
+                     "than any during it (torch.cuda.reset_peak_memory_stats() before tracing "
+                     "gives it)")
+    return peak
+
+
 def run_peak(before: list[int], after: list[int]) -> int | None:
     """The peak a run reached on its busiest GPU, from the allocator's peaks before and after
     it: None when no peak rose and one before was above zero (the program's peak before the

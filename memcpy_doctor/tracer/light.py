@@ -49,7 +49,7 @@ from ..core.summary import summarize
 from ..core.trace import Meta, Trace
 from . import Tracer, _active, _Patch, register
 from .collector import Collector
-from .cuda import device_peaks, run_peak
+from .cuda import device_peaks, measured_peak
 from .sites import SiteResolver
 
 _getframe = sys._getframe
@@ -349,7 +349,7 @@ class LightTracer:
             notes.append(SIM_NOTE)
         else:
             simulated, name = False, torch.cuda.get_device_name()
-            peak = run_peak(self._peaks_before, device_peaks())
+            peak = measured_peak(self._peaks_before, notes)
         meta = Meta(device=self.device, simulated=simulated, device_name=name,
                     device_profile=self.profile.to_dict() if simulated else None,
                     torch_version=torch.__version__, command=self.command,
