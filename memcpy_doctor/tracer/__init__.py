@@ -64,10 +64,15 @@ def register(tracer: Any) -> None:
         _active.append(tracer)
 
 
-def resolve_device(device: str) -> str:
-    """'auto' means the real GPU when torch has one, else the simulated one."""
+def check_device(device: str) -> None:
+    """ValueError (one line) for a device name that is not one of DEVICE_CHOICES."""
     if device not in DEVICE_CHOICES:
         raise ValueError(f"device must be one of {', '.join(DEVICE_CHOICES)}, not {device!r}")
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means the real GPU when torch has one, else the simulated one."""
+    check_device(device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "sim"
     if device == "cuda" and not torch.cuda.is_available():

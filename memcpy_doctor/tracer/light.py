@@ -47,7 +47,7 @@ from ..core.defaults import (DEFAULT_DEVICE, LIGHT_SYNC_NOTE, LIGHT_SYNC_TRIGGER
                              SYNC_DEBUG_WARNING)
 from ..core.summary import summarize
 from ..core.trace import Meta, Trace
-from . import Tracer, _active, _Patch, register
+from . import Tracer, _active, _Patch, check_device, register
 from .collector import Collector
 from .cuda import device_peaks, measured_peak
 from .sites import SiteResolver
@@ -266,7 +266,10 @@ class LightTracer:
     def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
                  command: list[str] | None = None) -> None:
         """ValueError (its message one line) when light mode cannot run on `device` here."""
+        check_device(device)
         self.requested_device = device
+        # "auto" is the real GPU, and without one light_problem says to ask for the simulated
+        # GPU: light mode is for a GPU's run, where a full trace would cost too much
         self.device = "sim" if device == "sim" else "cuda"
         problem = light_problem(self.device)
         if problem is not None:
