@@ -28,6 +28,7 @@ from test_kineto_calibrate import calibration_trace
 #: Run in the child: refuse torch, run what follows, then print what got loaded. `{code}`
 #: is the code to run; `SystemExit` is the command's ordinary end.
 CHILD = """
+import json
 import sys
 
 class RefuseTorch:
@@ -57,7 +58,7 @@ except SystemExit as e:
     print("exit status", e.code, file=sys.stderr)
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(
     ("torch.", "memcpy_doctor.tracer", "memcpy_doctor.guards", "memcpy_doctor.api")))
-print("LOADED", loaded)
+print("LOADED", json.dumps(loaded))
 """
 
 
@@ -71,7 +72,7 @@ def run_refusing_torch(code: str, cwd: Path) -> tuple[list[str], str]:
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("LOADED "), done.stdout
-    return eval(last[len("LOADED "):]), done.stderr  # a list of names the child printed
+    return json.loads(last[len("LOADED "):]), done.stderr  # the names the child printed
 
 
 def run_command_refusing_torch(args: list[str], cwd: Path) -> tuple[list[str], str]:

@@ -95,8 +95,6 @@ def removed_copies(c: Comparison) -> list[PathChange]:
     return [p for p in c.sync_paths if p.after_calls < p.before_calls]
 
 
-
-
 def sync_sites(trace: Trace) -> dict[tuple[Site | None, str | None], int]:
     """Calls of every host sync (a sync copy or a wait) per (site, thread), whatever kind the
     trace gives it: what `profile --light` and the full tracer must agree on, since light

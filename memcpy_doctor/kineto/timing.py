@@ -2,8 +2,9 @@
 bytes and device time per path, the host's latencies where the trace shows them, and the
 device's properties. `memcpy-doctor calibrate --from-trace` fits them (run/calibrate_trace.py).
 
-Pure: events in (kineto/events.py records, or parsed dicts read into them), plain records out (the same `{"path", "bytes", "ns"}` copy records
-live calibration measures), so the fit is tested on hand-made traces.
+Events in (kineto/events.py's store, or parsed dicts read into one), plain records out (the
+same `{"path", "bytes", "ns"}` copy records live calibration measures), so the fit is tested
+on hand-made traces.
 
 - copies: every `gpu_memcpy` event's `args.bytes` and `dur`, the DMA's own time on the device
   (what the cost model's `setup + bytes / bandwidth` stands for), per path `HtoD_pinned`,
@@ -104,8 +105,8 @@ def _launches(events: Events, spans: str) -> tuple[list[int], list[int]]:
         "ORDER BY id", launches)]
     launch_ns = [ns for (ns,) in events.query(
         f"SELECT op.ns FROM ev AS call JOIN link ON link.id = call.id JOIN ev AS op ON "
-        f"op.id = link.op WHERE call.k = {RUNTIME} GROUP BY link.op HAVING count(*) = 1 AND sum(call.name IN ({marks})) = 1 "
-        "ORDER BY min(call.id)", launches)]
+        f"op.id = link.op WHERE call.k = {RUNTIME} GROUP BY link.op HAVING count(*) = 1 AND "
+        f"sum(call.name IN ({marks})) = 1 ORDER BY min(call.id)", launches)]
     return launch_ns, launch_call_ns
 
 
