@@ -119,26 +119,33 @@ def parse_counts(annotated: str) -> dict[str, int]:
     return counts
 
 
-def count(workload: str) -> None:
+def run_counted(argv: list[str], toggles: list[str], what: str) -> tuple[dict[str, int], str]:
+    """Run `argv` under callgrind, counting only inside the functions `toggles` (of TOGGLES'
+    iterators); the instructions counted in each, and the run's stdout. Exits with its
+    stderr's end when the run fails (`what` names it)."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = str(pathlib.Path(tmp) / "callgrind.out")
         command = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
                    f"--callgrind-out-file={out_file}"]
-        command += [f"--toggle-collect={fn}" for fn in TOGGLES.values()]
-        command += [sys.executable, __file__, "--measure", workload]
+        command += [f"--toggle-collect={fn}" for fn in toggles]
         # one string hash seed for every run: dict and set layouts, and so the probes of
         # their look-ups, change with it (about 1% of the bare mode's count between runs)
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        done = subprocess.run(command + argv, capture_output=True, text=True, env=env)
         if done.returncode != 0:
-            sys.exit(f"{workload}: the run under callgrind failed:\n{done.stderr[-2000:]}")
-        ops = int(done.stdout.split()[-1])
+            sys.exit(f"{what}: the run under callgrind failed:\n{done.stderr[-2000:]}")
         # --threshold=100: by default only the functions that make up 99% of the count are
         # listed, and the end of a run can be less than the other 1%.
         annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
                                     "--auto=no", out_file],
                                    capture_output=True, text=True, check=True).stdout
-    counts = parse_counts(annotated)
+    return parse_counts(annotated), done.stdout
+
+
+def count(workload: str) -> None:
+    counts, stdout = run_counted([sys.executable, __file__, "--measure", workload],
+                                 list(TOGGLES.values()), workload)
+    ops = int(stdout.split()[-1])
     plain = counts[TOGGLES["plain"]]
     bare = counts[TOGGLES["bare"]] - plain
     print(f"\n{workload}: {ops} aten ops per run; instructions per op")

@@ -27,12 +27,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import pathlib
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -152,23 +149,10 @@ def measure() -> None:
 
 def instructions() -> dict:
     sys.path.insert(0, str(HERE))
-    from instructions import TOGGLES, parse_counts
+    from instructions import TOGGLES, run_counted
     names = [TOGGLES["plain"], TOGGLES["bare"], TOGGLES["memcpy-doctor (host)"],
-             TOGGLES["memcpy-doctor (sim)"]]
-    with tempfile.TemporaryDirectory() as tmp:
-        out_file = os.path.join(tmp, "callgrind.out")
-        command = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-                   f"--callgrind-out-file={out_file}"]
-        command += [f"--toggle-collect={n}" for n in names]
-        command += [sys.executable, __file__, "--measure"]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONHASHSEED": "0"})
-        if done.returncode != 0:
-            sys.exit(f"the run under callgrind failed:\n{done.stderr[-2000:]}")
-        annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
-                                    "--auto=no", out_file],
-                                   capture_output=True, text=True, check=True).stdout
-    counts = parse_counts(annotated)
+             TOGGLES["memcpy-doctor (sim)"]]  # (measure's four parts, in its order)
+    counts, _ = run_counted([sys.executable, __file__, "--measure"], names, "light overhead")
     ops = 3 * SMALL_OPS_ITERS
     return {"ops": ops, "plain_per_op": counts[names[0]] / ops,
             "light_per_op": counts[names[1]] / ops,
