@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from helpers import make_trace
 from memcpy_doctor.cli import main
+from memcpy_doctor.core.defaults import SCHEMA_VERSION
 
 GOOD = make_trace().to_json()
 
@@ -52,7 +53,7 @@ def assert_one_line(status: int, out: str, err: str, *needles: str) -> None:
 
 def _future() -> str:
     data = json.loads(GOOD)
-    data["schema_version"] = 2
+    data["schema_version"] = SCHEMA_VERSION + 1
     return json.dumps(data)
 
 
@@ -77,7 +78,7 @@ BAD_TEXT = {
     # (a Chrome trace is read as torch.profiler's, which this one cannot be)
     "chrome-trace": (json.dumps({"traceEvents": [{"ph": "X", "ts": 0}]}),
                      "trace with no CUDA activity"),
-    "future-schema": (_future(), "schema_version 2 is not supported"),
+    "future-schema": (_future(), f"schema_version {SCHEMA_VERSION + 1} is not supported"),
     "schema-as-text": (_inner(["schema_version"], "1"), "schema_version '1'"),
     "schema-zero": (_inner(["schema_version"], 0), "schema_version 0"),
     "bad-field": (_inner(["summary", "total_ns"], "ten"), "malformed trace"),

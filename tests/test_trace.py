@@ -58,7 +58,7 @@ def test_round_trip_keeps_none_sites_and_refs():
 
 def test_json_layout():
     data = json.loads(make_trace().to_json())
-    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert data["meta"] == {
         "device": "sim", "simulated": True, "device_name": "NVIDIA A100-SXM4-80GB",
         "device_profile": None, "torch_version": "2.13.0",
@@ -267,7 +267,7 @@ def test_load_json_without_schema_version(tmp_path):
     assert "no schema_version" in _load_error(path)
 
 
-@pytest.mark.parametrize("version", [999, 2, 0, -1, "1", 1.0, None, False])
+@pytest.mark.parametrize("version", [999, SCHEMA_VERSION + 1, 0, -1, "1", 1.0, None, False])
 def test_load_unsupported_schema_version(tmp_path, version):
     data = _valid()
     data["schema_version"] = version
@@ -344,7 +344,7 @@ def test_load_integer_too_long_for_python(tmp_path):
 
 def test_dataframes_tables():
     frames = make_trace().dataframes()
-    assert set(frames) == {"events", "ops", "copies", "waits"}
+    assert set(frames) == {"events", "ops", "copies", "waits", "timeline"}
     assert all(isinstance(df, pd.DataFrame) for df in frames.values())
 
 

@@ -1,7 +1,7 @@
 """Every default and constant the rest of the package shares, in one place."""
 
 #: Version of the saved trace format; bump on any incompatible change.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Where `memcpy-doctor profile` writes the trace when -o is not given (relative to the cwd).
 DEFAULT_TRACE_PATH = "memcpy_doctor_trace.json"
@@ -45,6 +45,12 @@ DEFAULT_TRANSFER_LOG = 0
 
 #: Events kept on the timeline `profile --chrome-trace` writes (the rest are counted).
 CHROME_EVENTS = 200_000
+
+#: Events (ops, copies, host waits) kept, in the order they happened, in the trace's
+#: `timeline` (`profile --timeline-events N`): the run's first steps, for what needs the
+#: order rather than the aggregates (explain's replay, the race checker). A bound, so that
+#: the trace does not grow with the run; past it the per-op path pays one comparison.
+TIMELINE_EVENTS = 10_000
 
 #: The tracer's table of which op made each live tensor is swept of freed tensors' entries
 #: once it holds twice as many entries as after the last sweep, and never below this size

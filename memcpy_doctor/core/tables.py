@@ -46,4 +46,22 @@ def dataframes(trace: Any) -> dict[str, Any]:
         "waits": table([
             {"kind": w.kind, "calls": w.calls, "wait_time_ns": w.wait_ns, **site("", w.site)}
             for w in trace.waits], ["kind", "calls", "wait_time_ns", *site_cols]),
+        "timeline": table([
+            {"kind": e.kind, "ref": e.ref, "name": _event_name(trace, e.kind, e.ref),
+             "thread": e.thread, "stream": e.stream, "host_start_ns": e.host_start_ns,
+             "host_end_ns": e.host_end_ns, "device_start_ns": e.device_start_ns,
+             "device_end_ns": e.device_end_ns, "reads": e.reads, "writes": e.writes}
+            for e in (trace.timeline.events if trace.timeline is not None else [])],
+            ["kind", "ref", "name", "thread", "stream", "host_start_ns", "host_end_ns",
+             "device_start_ns", "device_end_ns", "reads", "writes"]),
     }
+
+
+def _event_name(trace: Any, kind: str, ref: int) -> str:
+    """What a timeline event is: its op, its copy's direction and trigger, its wait's kind."""
+    if kind == "op":
+        return trace.ops[ref].op
+    if kind == "copy":
+        copy = trace.copies[ref]
+        return f"{copy.direction} {copy.trigger}"
+    return trace.waits[ref].kind

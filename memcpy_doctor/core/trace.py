@@ -16,7 +16,10 @@ from typing import Any
 
 from .compiled import CompileInfo
 from .defaults import SCHEMA_VERSION
+from .fields import a_bool, a_list, a_str, an_int, an_object, bad
 from .site import Site, TraceError
+from .timeline import (EVENT_KINDS, EventTimeline, timeline_from_dict, timeline_json,
+                       timeline_to_dict)
 
 DIRECTIONS = ("HtoD", "DtoH", "DtoD")
 #: Paddle's names for the copy directions, used in Event Summary row names.
@@ -202,6 +205,9 @@ class Trace:
     flows: list[FlowRecord] = field(default_factory=list)
     transfers: list[TransferRecord] = field(default_factory=list)
     compile: CompileInfo | None = None  # what torch.compile did (core/compiled.py)
+    #: the run's first events in order (traces of schema_version 2 and later, from the
+    #: tracer; None in older traces, light ones excepted, and in imported ones)
+    timeline: EventTimeline | None = None
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
@@ -234,10 +240,19 @@ class Trace:
             "flows": [asdict(f) for f in self.flows],
             "transfers": [asdict(t) for t in self.transfers],
             **({"compile": self.compile.to_dict()} if self.compile is not None else {}),
+            **({"timeline": timeline_to_dict(self.timeline)} if self.timeline is not None
+               else {}),
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, sort_keys=False)
+        """The trace as JSON text: indented, but the timeline's events one to a line (they
+        are many, and alike)."""
+        d = self.to_dict()
+        timeline = d.pop("timeline", None)
+        text = json.dumps(d, indent=1, sort_keys=False)
+        if timeline is None:
+            return text
+        return f'{text[:-2]},\n "timeline": {timeline_json(timeline)}\n}}'
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically: a reader sees the old file or the whole new one, never half."""
@@ -270,25 +285,31 @@ class Trace:
                 f"schema_version {version} is not supported: newer than this memcpy-doctor "
                 f"reads (1..{SCHEMA_VERSION}); upgrade memcpy-doctor")
         try:
-            s = _obj(data["summary"], "summary")
-            mem = _obj(s["memcpy"], "summary.memcpy")
+            s = an_object(data["summary"], "summary")
+            mem = an_object(s["memcpy"], "summary.memcpy")
             peak = s.get("peak_device_memory_bytes")
             summary = Summary(
-                total_ns=_int(s["total_ns"]), computation_ns=_int(s["computation_ns"]),
-                overhead_ns=_int(s["overhead_ns"]),
+                total_ns=an_int(s["total_ns"]), computation_ns=an_int(s["computation_ns"]),
+                overhead_ns=an_int(s["overhead_ns"]),
                 memcpy_all=_figure(mem["all"]), memcpy_async=_figure(mem["async"]),
                 memcpy_sync=_figure(mem["sync"]),
-                peak_device_memory_bytes=None if peak is None else _int(peak))
-            return cls(meta=_meta(data["meta"]), summary=summary,
-                       events=[_event(e) for e in _list(data["events"], "events")],
-                       ops=[_op(o) for o in _list(data["ops"], "ops")],
-                       copies=[_copy(c) for c in _list(data["copies"], "copies")],
-                       waits=[_wait(w) for w in _list(data["waits"], "waits")],
-                       flows=[_flow(f) for f in _list(data.get("flows", []), "flows")],
-                       transfers=[_transfer(t)
-                                  for t in _list(data.get("transfers", []), "transfers")],
-                       compile=(CompileInfo.from_dict(data["compile"])
-                                if data.get("compile") is not None else None))
+                peak_device_memory_bytes=None if peak is None else an_int(peak))
+            trace = cls(meta=_meta(data["meta"]), summary=summary,
+                        events=[_event(e) for e in a_list(data["events"], "events")],
+                        ops=[_op(o) for o in a_list(data["ops"], "ops")],
+                        copies=[_copy(c) for c in a_list(data["copies"], "copies")],
+                        waits=[_wait(w) for w in a_list(data["waits"], "waits")],
+                        flows=[_flow(f) for f in a_list(data.get("flows", []), "flows")],
+                        transfers=[_transfer(t)
+                                   for t in a_list(data.get("transfers", []), "transfers")],
+                        compile=(CompileInfo.from_dict(data["compile"])
+                                 if data.get("compile") is not None else None),
+                        timeline=(timeline_from_dict(data["timeline"])
+                                  if data.get("timeline") is not None else None))
+            for event in trace.timeline.events if trace.timeline is not None else ():
+                if not 0 <= event.ref < len(getattr(trace, EVENT_KINDS[event.kind])):
+                    raise bad(f"a {event.kind} event's ref", event.ref)
+            return trace
         except TraceError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
@@ -328,151 +349,117 @@ def load_trace(path: str | os.PathLike) -> Trace:
     return Trace.load(path)
 
 
-def _bad(what: str, value: Any) -> TraceError:
-    return TraceError(f"malformed trace: {what} is {value!r:.60}")
-
-
-def _int(v: Any, what: str = "a count or time") -> int:
-    if type(v) is not int:
-        raise _bad(what, v)
-    return v
-
-
-def _str(v: Any, what: str = "a name") -> str:
-    if not isinstance(v, str):
-        raise _bad(what, v)
-    return v
-
-
-def _bool(v: Any, what: str) -> bool:
-    if not isinstance(v, bool):
-        raise _bad(what, v)
-    return v
-
-
-def _obj(v: Any, what: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _bad(what, v)
-    return v
-
-
-def _list(v: Any, what: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise _bad(what, v)
-    return v
-
-
 def _meta(d: Any) -> Meta:
-    d = _obj(d, "meta")
+    d = an_object(d, "meta")
     profile = d.get("device_profile")
     status = d.get("exit_status")
     rank, world_size = d.get("rank"), d.get("world_size")
-    return Meta(device=_str(d["device"]), simulated=_bool(d["simulated"], "meta.simulated"),
-                device_name=_str(d["device_name"]),
-                device_profile=None if profile is None else _obj(profile, "device_profile"),
-                torch_version=_str(d["torch_version"]),
-                command=[_str(c) for c in _list(d["command"], "meta.command")],
-                exit_status=None if status is None else _int(status, "exit_status"),
-                ended_by=_str(d.get("ended_by", "completed")),
-                memcpy_doctor_version=_str(d.get("memcpy_doctor_version", "")),
-                untraced=[_str(u) for u in _list(d.get("untraced", []), "meta.untraced")],
-                rank=None if rank is None else _int(rank, "meta.rank"),
-                world_size=None if world_size is None else _int(world_size, "meta.world_size"),
-                wall_ns=None if d.get("wall_ns") is None else _int(d["wall_ns"], "meta.wall_ns"),
+    return Meta(device=a_str(d["device"]), simulated=a_bool(d["simulated"], "meta.simulated"),
+                device_name=a_str(d["device_name"]),
+                device_profile=None if profile is None else an_object(profile, "device_profile"),
+                torch_version=a_str(d["torch_version"]),
+                command=[a_str(c) for c in a_list(d["command"], "meta.command")],
+                exit_status=None if status is None else an_int(status, "exit_status"),
+                ended_by=a_str(d.get("ended_by", "completed")),
+                memcpy_doctor_version=a_str(d.get("memcpy_doctor_version", "")),
+                untraced=[a_str(u) for u in a_list(d.get("untraced", []), "meta.untraced")],
+                rank=None if rank is None else an_int(rank, "meta.rank"),
+                world_size=None if world_size is None else an_int(world_size, "meta.world_size"),
+                wall_ns=None if d.get("wall_ns") is None else an_int(d["wall_ns"], "meta.wall_ns"),
                 imported_from=None if d.get("imported_from") is None
-                else _str(d["imported_from"]),
-                light=_bool(d.get("light", False), "meta.light"))
+                else a_str(d["imported_from"]),
+                light=a_bool(d.get("light", False), "meta.light"))
 
 
 def _thread(d: dict[str, Any]) -> str | None:
     thread = d.get("thread")
-    return None if thread is None else _str(thread, "a thread name")
+    return None if thread is None else a_str(thread, "a thread name")
 
 
 def _figure(d: Any) -> MemcpyFigure:
-    d = _obj(d, "a memcpy figure")
-    return MemcpyFigure(calls=_int(d["calls"]), time_ns=_int(d["time_ns"]))
+    d = an_object(d, "a memcpy figure")
+    return MemcpyFigure(calls=an_int(d["calls"]), time_ns=an_int(d["time_ns"]))
 
 
 def _site(d: Any) -> Site | None:
     if d is None:
         return None
-    d = _obj(d, "a site")
-    return Site(file=_str(d["file"]), line=_int(d["line"], "a line number"),
-                function=_str(d["function"]))
+    d = an_object(d, "a site")
+    return Site(file=a_str(d["file"]), line=an_int(d["line"], "a line number"),
+                function=a_str(d["function"]))
 
 
 def _ref(d: Any) -> OpRef | None:
     if d is None:
         return None
-    d = _obj(d, "an op reference")
-    return OpRef(op=_str(d["op"]), device=_str(d["device"]), site=_site(d["site"]))
+    d = an_object(d, "an op reference")
+    return OpRef(op=a_str(d["op"]), device=a_str(d["device"]), site=_site(d["site"]))
 
 
 def _event(d: Any) -> EventRow:
-    d = _obj(d, "an event")
-    return EventRow(name=_str(d["name"]), calls=_int(d["calls"]), cpu_ns=_int(d["cpu_ns"]),
-                    gpu_ns=_int(d["gpu_ns"]), min_ns=_int(d["min_ns"]),
-                    max_ns=_int(d["max_ns"]))
+    d = an_object(d, "an event")
+    return EventRow(name=a_str(d["name"]), calls=an_int(d["calls"]), cpu_ns=an_int(d["cpu_ns"]),
+                    gpu_ns=an_int(d["gpu_ns"]), min_ns=an_int(d["min_ns"]),
+                    max_ns=an_int(d["max_ns"]))
 
 
 def _op(d: Any) -> OpRecord:
-    d = _obj(d, "an op")
-    return OpRecord(op=_str(d["op"]), device=_str(d["device"]), site=_site(d["site"]),
-                    calls=_int(d["calls"]), host_ns=_int(d["host_ns"]),
-                    device_ns=_int(d["device_ns"]), run_ns=_int(d.get("run_ns", 0)),
-                    flops=_int(d.get("flops", 0)), bytes=_int(d.get("bytes", 0)),
+    d = an_object(d, "an op")
+    return OpRecord(op=a_str(d["op"]), device=a_str(d["device"]), site=_site(d["site"]),
+                    calls=an_int(d["calls"]), host_ns=an_int(d["host_ns"]),
+                    device_ns=an_int(d["device_ns"]), run_ns=an_int(d.get("run_ns", 0)),
+                    flops=an_int(d.get("flops", 0)), bytes=an_int(d.get("bytes", 0)),
                     thread=_thread(d))
 
 
 def _flow(d: Any) -> FlowRecord:
-    d = _obj(d, "a flow")
+    d = an_object(d, "a flow")
     producer, consumer = _ref(d["producer"]), _ref(d["consumer"])
     if producer is None or consumer is None:
-        raise _bad("a flow's ends", d)
-    return FlowRecord(producer=producer, consumer=consumer, calls=_int(d["calls"]),
-                      bytes=_int(d["bytes"]))
+        raise bad("a flow's ends", d)
+    return FlowRecord(producer=producer, consumer=consumer, calls=an_int(d["calls"]),
+                      bytes=an_int(d["bytes"]))
 
 
 def _transfer(d: Any) -> TransferRecord:
-    d = _obj(d, "a transfer")
+    d = an_object(d, "a transfer")
     if d.get("direction") not in DIRECTIONS:
-        raise _bad("a transfer's direction", d.get("direction"))
+        raise bad("a transfer's direction", d.get("direction"))
     pinned, shape, dtype = d.get("pinned"), d.get("shape"), d.get("dtype")
     return TransferRecord(
-        seq=_int(d["seq"]), direction=d["direction"], sync=_bool(d["sync"], "transfer.sync"),
-        pinned=None if pinned is None else _bool(pinned, "transfer.pinned"),
-        trigger=_str(d["trigger"]), bytes=_int(d["bytes"]),
-        shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
-        dtype=None if dtype is None else _str(dtype), site=_site(d["site"]),
+        seq=an_int(d["seq"]), direction=d["direction"], sync=a_bool(d["sync"], "transfer.sync"),
+        pinned=None if pinned is None else a_bool(pinned, "transfer.pinned"),
+        trigger=a_str(d["trigger"]), bytes=an_int(d["bytes"]),
+        shape=None if shape is None else [an_int(n, "a size") for n in a_list(shape, "shape")],
+        dtype=None if dtype is None else a_str(dtype), site=_site(d["site"]),
         producer=_ref(d["producer"]), consumer=_ref(d["consumer"]))
 
 
 def _wait(d: Any) -> WaitRecord:
-    d = _obj(d, "a wait")
-    return WaitRecord(kind=_str(d["kind"]), calls=_int(d["calls"]), wait_ns=_int(d["wait_ns"]),
+    d = an_object(d, "a wait")
+    return WaitRecord(kind=a_str(d["kind"]), calls=an_int(d["calls"]), wait_ns=an_int(d["wait_ns"]),
                       site=_site(d["site"]), thread=_thread(d))
 
 
 def _copy(d: Any) -> CopyRecord:
-    d = _obj(d, "a copy")
+    d = an_object(d, "a copy")
     if d.get("direction") not in DIRECTIONS:
         raise TraceError(f"copy direction {d.get('direction')!r} is not one of {DIRECTIONS}")
     pinned = d["pinned"]
     shape = d.get("shape")
     dtype = d.get("dtype")
     return CopyRecord(
-        direction=d["direction"], sync=_bool(d["sync"], "copy.sync"),
-        pinned=None if pinned is None else _bool(pinned, "copy.pinned"),
-        trigger=_str(d["trigger"]), calls=_int(d["calls"]), bytes=_int(d["bytes"]),
-        host_ns=_int(d["host_ns"]), device_ns=_int(d["device_ns"]), site=_site(d["site"]),
-        stack=[_site(f) for f in _list(d["stack"], "copy.stack")],
+        direction=d["direction"], sync=a_bool(d["sync"], "copy.sync"),
+        pinned=None if pinned is None else a_bool(pinned, "copy.pinned"),
+        trigger=a_str(d["trigger"]), calls=an_int(d["calls"]), bytes=an_int(d["bytes"]),
+        host_ns=an_int(d["host_ns"]), device_ns=an_int(d["device_ns"]), site=_site(d["site"]),
+        stack=[_site(f) for f in a_list(d["stack"], "copy.stack")],
         producer=_ref(d["producer"]), consumer=_ref(d["consumer"]),
-        shape=None if shape is None else [_int(n, "a size") for n in _list(shape, "shape")],
-        dtype=None if dtype is None else _str(dtype), thread=_thread(d),
+        shape=None if shape is None else [an_int(n, "a size") for n in a_list(shape, "shape")],
+        dtype=None if dtype is None else a_str(dtype), thread=_thread(d),
         first_ns=_optional_int(d, "first_ns"), last_ns=_optional_int(d, "last_ns"),
         end_col=_optional_int(d, "end_col"))
 
 
 def _optional_int(d: dict[str, Any], key: str) -> int | None:
-    return None if d.get(key) is None else _int(d[key], f"copy.{key}")
+    return None if d.get(key) is None else an_int(d[key], f"copy.{key}")
