@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .core.defaults import DEFAULT_DEVICE, DEFAULT_SORT_KEY, SORT_KEYS
+from .core.defaults import DEFAULT_DEVICE, DEFAULT_SORT_KEY, SORT_KEYS, TIMELINE_EVENTS
 from .render.text import render_text
 from .core.trace import Trace
 from .tracer import Tracer
@@ -37,17 +37,19 @@ class Profile:
 @contextmanager
 def profiler(state: str = "All", sorted_key: str = DEFAULT_SORT_KEY,
              profile_path: str | None = None, *, device: str = DEFAULT_DEVICE,
-             device_profile: str | None = None) -> Iterator[Profile]:
+             device_profile: str | None = None,
+             timeline_events: int = TIMELINE_EVENTS) -> Iterator[Profile]:
     """Profile the block; with `profile_path`, the trace is saved there when it ends.
 
     `device` is "auto" (the real GPU if torch has one, else the simulated one), "cuda" or
-    "sim"; `device_profile` names the simulated GPU's profile.
+    "sim"; `device_profile` names the simulated GPU's profile; `timeline_events`: the first
+    N events kept in order in the trace's timeline.
     """
     if state not in STATES:
         raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
     if sorted_key not in SORT_KEYS:
         raise ValueError(f"sorted_key must be one of {', '.join(SORT_KEYS)}, not {sorted_key!r}")
-    tracer = Tracer(device=device, profile=device_profile)
+    tracer = Tracer(device=device, profile=device_profile, timeline_events=timeline_events)
     prof = Profile(tracer, sorted_key, state)
     tracer.start()
     try:

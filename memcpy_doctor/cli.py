@@ -26,7 +26,8 @@ from .analysis.gates import GateError
 from .core import __version__
 from .core.defaults import (DEFAULT_CALIBRATED_PROFILE, DEFAULT_DEVICE, DEFAULT_SORT_KEY,
                             DEFAULT_TRACE_PATH, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES,
-                            EXIT_GATE_FAILED, EXIT_USAGE, REGION_CALLS_TRACED, SORT_KEYS)
+                            EXIT_GATE_FAILED, EXIT_USAGE, REGION_CALLS_TRACED, SORT_KEYS,
+                            TIMELINE_EVENTS)
 from .kineto.sniff import is_kineto_file
 from .core.trace import Trace
 from .core.units import parse_bytes
@@ -153,6 +154,10 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
 @click.option("--log-transfers", metavar="N", type=click.IntRange(min=0),
               default=DEFAULT_TRANSFER_LOG,
               help="Keep the first N copies in order in the trace, for `explain --log`.")
+@click.option("--timeline-events", metavar="N", type=click.IntRange(min=0),
+              default=TIMELINE_EVENTS, show_default=True,
+              help="Keep the run's first N events (ops, copies, host waits) in order in the "
+                   "trace's timeline; 0: none.")
 @click.option("--apply", "apply_path", metavar="SUGGESTIONS.json", default=None,
               help="Apply the edits of `explain --format json` in memory "
                    "(the file is not changed) and profile that.")
@@ -181,8 +186,9 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
-            log_transfers: int, apply_path: str | None, chrome_trace: str | None,
-            compiled_calls: int | None, light: bool, gate: bool, limits, baseline,
+            log_transfers: int, timeline_events: int, apply_path: str | None,
+            chrome_trace: str | None, compiled_calls: int | None, light: bool, gate: bool,
+            limits, baseline,
             tolerances, allow, config_path, gate_format: str, ranks: int | None,
             no_report: bool, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
@@ -194,7 +200,7 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     options = ProfileOptions(script, args, device, device_profile, output, sort, log_transfers,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
                              gate_format=gate_format, compiled_calls_traced=compiled_calls,
-                             light=light)
+                             light=light, timeline_events=timeline_events)
     with _usage_errors():
         rank = this_rank(ranks)
         config = None

@@ -12,7 +12,7 @@ from memcpy_doctor.tracer import Tracer
 
 
 def test_timeline_has_tracks_copies_waits_and_flows():
-    tracer = Tracer(device="sim", timeline_events=1000)
+    tracer = Tracer(device="sim", chrome_events=1000)
     with tracer:
         h = torch.arange(4.0)                 # producer on the host
         d = h.to("cuda")                      # HtoD
@@ -39,7 +39,7 @@ def test_timeline_has_tracks_copies_waits_and_flows():
 
 
 def test_timeline_is_capped():
-    tracer = Tracer(device="sim", timeline_events=5)
+    tracer = Tracer(device="sim", chrome_events=5)
     with tracer:
         x = torch.ones(2, device="cuda")
         for _ in range(20):

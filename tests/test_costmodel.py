@@ -335,3 +335,35 @@ def test_profile_bad_compute_capability(tmp_path):
     d["compute_capability"] = 8
     with pytest.raises(ProfileError):
         DeviceProfile.from_dict(d)
+
+
+# ----- the per-op path's copy of Timeline.enqueue -----
+
+@pytest.mark.parametrize("host0, device0", [(0, 0), (50_000, 10_000), (10_000, 50_000),
+                                            (30_000, 35_000)])
+def test_the_per_op_path_queues_a_kernel_as_timeline_enqueue_does(host0, device0):
+    # tracer/perop.py writes Timeline.enqueue out for each simulated kernel (a call costs
+    # 420 instructions an op); both must move the clocks alike, device idle or busy
+    import torch
+
+    from memcpy_doctor.tracer.context import RunRecords
+    from memcpy_doctor.tracer.optable import op_info
+    from memcpy_doctor.tracer.perop import recorder
+    from memcpy_doctor.tracer.sim.device import SimDevice
+
+    profile = make_profile()
+    sim = SimDevice(lambda s: RunRecords(profile, s, None).context())
+    ctx = sim.main_state
+    a, b = torch.ones(64, 64), torch.ones(64, 64)
+    out = a @ b
+    timeline = ctx.timeline
+    timeline.host_ns, timeline.device_ns, timeline.busy_ns = host0, device0, 7
+    agg = recorder(ctx)(op_info(torch.ops.aten.mm.default), (a, b), {}, (a, b), out, (out,),
+                        [True, True], True, "cuda:0", None, 0)
+    expected = Timeline()
+    expected.host_ns, expected.device_ns, expected.busy_ns = host0, device0, 7
+    assert expected.enqueue(profile.launch_ns, agg.model_ns) == profile.launch_ns
+    expected.busy_ns += agg.model_ns  # (what the per-op path adds for compiled regions)
+    assert (timeline.host_ns, timeline.device_ns, timeline.busy_ns) == (
+        expected.host_ns, expected.device_ns, expected.busy_ns)
+    assert agg.model_ns == profile.kernel_ns(2 * 64 ** 3, 3 * 64 * 64 * 4, "float32")

@@ -25,7 +25,9 @@ from memcpy_doctor.tracer import cuda_hooks
 from memcpy_doctor.tracer.cuda_hooks import stream_of
 from memcpy_doctor.tracer.cuda_timer import CudaTimer
 from memcpy_doctor.tracer.modes import DispatchMode, FunctionMode, real_gpu_handlers
-from memcpy_doctor.tracer.state import UNRESOLVED, TraceState
+from memcpy_doctor.tracer.context import UNRESOLVED, RunRecords, ThreadContext
+from memcpy_doctor.tracer.opreads import after_op
+from memcpy_doctor.tracer.optable import op_info
 
 
 # ----- 1. backward on autograd's device thread -----
@@ -64,11 +66,11 @@ def engine_on_a_device_thread(t_outputs, *args, **kwargs):
               functools.partial(torch._C._pop_torch_dispatch_stack, None))
 
 
-def real_gpu_state() -> TraceState:
-    return TraceState(load_profile(), None, CudaTimer(FakeCuda()))
+def real_gpu_state() -> ThreadContext:
+    return RunRecords(load_profile(), None, CudaTimer(FakeCuda())).context()
 
 
-def records(state: TraceState, kind: str) -> list:
+def records(state: ThreadContext, kind: str) -> list:
     """The state's records of `kind` ("op", "copy"), as a finished run has them."""
     state.collector.finish()
     return getattr(state.collector, f"{kind}_records")()
@@ -283,13 +285,14 @@ def test_the_peak_of_a_run():
 
 # ----- 7. waits timed to the op's return -----
 
-def test_a_masked_index_copy_gets_the_wait_timed_inside_the_op():
+def test_a_masked_index_copy_gets_the_wait_timed_inside_the_op(monkeypatch):
     state = real_gpu_state()
-    state.on_device = lambda t: True  # the tensors below stand for device tensors
-    state.waited_ns = 7_000  # what gpu_op measured from CUDA's callback to the op's return
+    # the tensors below stand for device tensors
+    monkeypatch.setattr(ThreadContext, "on_device", lambda self, t: True)
+    waited = 7_000  # what GpuSteps measured from CUDA's callback to the op's return
     x, mask = torch.arange(4.0), torch.tensor([True, False, True, True])
-    state.after_op(tcuda.op_info(torch.ops.aten.index.Tensor), (x, [mask]), {}, x[mask], None,
-                   0)
+    after_op(state, op_info(torch.ops.aten.index.Tensor), (x, [mask]), {}, x[mask],
+             None, waited)
     (copy,) = records(state, 'copy')
     assert (copy.direction, copy.trigger, copy.sync, copy.host_ns) == ("DtoH", "mask", True,
                                                                        7_000)

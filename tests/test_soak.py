@@ -1,7 +1,8 @@
 """Soak: a sample model for many steps under the tracer against a short run of it. The
-tracer's own memory stays flat (its records are aggregated, not kept per op) and the trace is
-the same in content: the same ops, copies, call sites, waits and flows, only with larger
-counts and times.
+tracer's own memory stays flat (its records are aggregated, not kept per op; the ordered
+timeline is a bounded prefix of the run, which both runs fill) and the trace is the same in
+content: the same ops, copies, call sites, waits and flows, only with larger counts and
+times.
 
 The tracer's memory is what memcpy-doctor's own lines allocated and still hold at the end of
 the run (tracemalloc, filtered to this package's files), not the process's peak: torch under
@@ -36,6 +37,9 @@ OURS = tracemalloc.Filter(True, str(Path(memcpy_doctor.__file__).resolve().paren
 #: (The compiled one sweeps whenever it fills, from 64 slots.)
 SWEEP_MIN = 256
 
+#: The timeline's bound here: the short run's first steps fill it.
+TIMELINE_EVENTS = 200
+
 #: Fields that grow with the run; everything else must be equal.
 _COUNTED = ("calls", "bytes", "flops")
 
@@ -55,7 +59,7 @@ def profile(model: Any, steps: int) -> tuple[Trace, int]:
     allocated while they ran under the tracer and still held at their end, garbage
     collected (its aggregates, the producers' table, the storage marks; tensors' storage is
     not Python memory)."""
-    tracer = Tracer(device="sim")
+    tracer = Tracer(device="sim", timeline_events=TIMELINE_EVENTS)
     tracemalloc.start()
     try:
         with contextlib.redirect_stdout(io.StringIO()), tracer:

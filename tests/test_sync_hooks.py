@@ -6,6 +6,7 @@ would fire them); the real GPU end to end is cuda-marked."""
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -14,10 +15,11 @@ import memcpy_doctor
 from memcpy_doctor.core.torch_private import gpu_trace
 from memcpy_doctor.core.costmodel import load_profile
 from memcpy_doctor.tracer import cuda as tcuda
-from memcpy_doctor.tracer.cuda_hooks import SyncHooks, records_waits
+from memcpy_doctor.tracer.context import RunRecords
+from memcpy_doctor.tracer.cuda_hooks import GpuWaits, SyncHooks, records_waits
 from memcpy_doctor.tracer.cuda_timer import CudaTimer
 from memcpy_doctor.tracer.optable import op_info
-from memcpy_doctor.tracer.state import TraceState
+from memcpy_doctor.tracer.perop import dispatcher
 
 aten = torch.ops.aten
 REGISTRIES = ("StreamSynchronizationCallbacks", "DeviceSynchronizationCallbacks",
@@ -26,15 +28,25 @@ REGISTRIES = ("StreamSynchronizationCallbacks", "DeviceSynchronizationCallbacks"
 
 class FakeState:
     def __init__(self) -> None:
-        self.suspended = False
-        self.recording = 0
-        self.running_op = None
-        self.sync_at_ns = 0
-        self.sync_kind = ""
+        self.suspended = 0
+        self.gpu = GpuWaits()
         self.waits: list[tuple[str, int]] = []
+
+    @contextmanager
+    def suspend(self):
+        self.suspended += 1
+        try:
+            yield
+        finally:
+            self.suspended -= 1
 
     def host_wait(self, kind: str, measured_ns: int = 0) -> None:
         self.waits.append((kind, measured_ns))
+
+
+def real_gpu_state(timer=None):
+    """The tracing thread's context of a real GPU's run (here without one)."""
+    return RunRecords(load_profile(), None, timer).context()
 
 
 def hooks_with(state, drained: list) -> SyncHooks:
@@ -101,8 +113,8 @@ def test_the_drain_firing_the_callback_again_is_one_wait():
 
 
 # ----- which waits the tracer already records -----
-# The tracer says so itself: TraceState.recording while it runs a copy or wait it records,
-# TraceState.running_op while the real GPU's per-op path runs an op. No frame names.
+# The tracer says so itself: GpuWaits.recording while it runs a copy or wait it records,
+# GpuWaits.running_op while the real GPU's per-op path runs an op. No frame names.
 
 @pytest.mark.parametrize("func, recorded, op", [
     (aten.nonzero.default, True, "aten::nonzero"),  # a copy the tracer records (DtoH count)
@@ -115,37 +127,39 @@ def test_a_wait_inside_an_op(func, recorded, op):
     # marked, not drained: the per-op path times it to the op's return and records it, as
     # the op's copy or as a wait named after the op (test_a_wait_inside_an_unlisted_op...)
     state, drained = FakeState(), []
-    state.running_op = op_info(func)
+    state.gpu.running_op = op_info(func)
     hooks = hooks_with(state, drained)
     hooks.on_stream_sync(1)
-    first = state.sync_at_ns
+    first = state.gpu.sync_at_ns
     hooks.on_device_sync()  # a second wait in the same op: timed from the first
     assert records_waits(op_info(func)) is recorded and op_info(func).name == op
     assert state.waits == [] and drained == []
-    assert first > 0 and state.sync_at_ns == first and state.sync_kind == "stream_synchronize"
+    assert first > 0 and state.gpu.sync_at_ns == first and (
+        state.gpu.sync_kind == "stream_synchronize")
 
 
 def test_a_wait_the_tracer_records_itself():
     # the patched waits, a real GPU's copies and print(t) run their call through
-    # TraceState.run_recorded: a CUDA sync inside it is theirs
-    state = TraceState(load_profile(), None, None)
+    # cuda.run_recorded: a CUDA sync inside it is theirs
+    state = real_gpu_state()
     hooks = hooks_with(state, [])
-    assert state.run_recorded(lambda x: hooks.on_stream_sync(x) or "done", (4,), {}) == "done"
-    assert state.collector.wait_records() == [] and state.recording == 0
+    assert tcuda.run_recorded(state, lambda x: hooks.on_stream_sync(x) or "done", (4,),
+                              {}) == "done"
+    assert state.collector.wait_records() == [] and state.gpu.recording == 0
     hooks.on_stream_sync(4)  # and after it, a wait is the hook's again
     assert [w.kind for w in state.collector.wait_records()] == ["stream_synchronize"]
 
 
 def test_run_recorded_is_undone_on_error():
-    state = TraceState(load_profile(), None, None)
+    state = real_gpu_state()
     with pytest.raises(ZeroDivisionError):
-        state.run_recorded(lambda: 1 / 0, (), {})
-    assert state.recording == 0
+        tcuda.run_recorded(state, lambda: 1 / 0, (), {})
+    assert state.gpu.recording == 0
 
 
 def test_a_patched_wait_is_one_wait(monkeypatch):
     # torch.cuda.synchronize(), patched by the tracer, fires CUDA's callback inside: one wait
-    state = TraceState(load_profile(), None, None)
+    state = real_gpu_state()
     hooks = hooks_with(state, [])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: hooks.on_device_sync())
     (wrapper,) = [w for owner, name, w in tcuda.wait_patches(lambda: state)
@@ -163,27 +177,27 @@ def test_a_wait_outside_any_op():
 
 def test_a_wait_inside_a_recorded_copy_is_not_reported_by_an_op_inside_it():
     state, drained = FakeState(), []
-    state.recording = 1
-    state.running_op = op_info(aten.mm.default)
+    state.gpu.recording = 1
+    state.gpu.running_op = op_info(aten.mm.default)
     hooks_with(state, drained).on_stream_sync(1)
     assert state.waits == [] and drained == []
 
 
 def test_a_wait_inside_an_unlisted_op_is_named_after_it():
-    # The real GPU's per-op path (tracer/cuda.py gpu_op) runs a custom op whose kernel
+    # The real GPU's per-op path (tracer/perop.py, cuda.GpuSteps) runs a custom op whose kernel
     # synchronizes, as a C++ op nobody listed would; run here on host tensors.
     # Its wait is timed from CUDA's callback to the op's return (memcpy_and_sync fires the
     # callback before its copy and its wait): the 2 ms the kernel spins after it, here.
-    state = TraceState(load_profile(), None, CudaTimer())
+    state = real_gpu_state(CudaTimer())
     hooks = hooks_with(state, [])
     lib = torch.library.Library("mdsynctest", "FRAGMENT")
     lib.define("waits(Tensor x) -> Tensor")
     lib.impl("waits", lambda x: hooks.on_stream_sync(3) or _spin(2_000_000) or x.clone(),
              "CompositeExplicitAutograd")
-    run = tcuda.gpu_op(state, lambda *a: None)
-    dispatch = lambda *args: run(*args)  # noqa: E731  (the dispatch mode's frame)
-    out = dispatch(torch.ops.mdsynctest.waits.default, (torch.ones(2),), {})
-    assert out.tolist() == [1.0, 1.0] and state.running_op is None and state.sync_at_ns == 0
+    dispatch = dispatcher(state)  # (what the dispatch mode calls)
+    out = dispatch(None, torch.ops.mdsynctest.waits.default, (), (torch.ones(2),), {})
+    assert out.tolist() == [1.0, 1.0] and state.gpu.running_op is None and (
+        state.gpu.sync_at_ns == 0)
     (wait,) = state.collector.wait_records()
     assert wait.kind == "stream_synchronize in mdsynctest::waits" and wait.calls == 1
     assert wait.wait_ns >= 2_000_000
@@ -191,10 +205,10 @@ def test_a_wait_inside_an_unlisted_op_is_named_after_it():
         __file__, "test_a_wait_inside_an_unlisted_op_is_named_after_it")
 
 
-# ----- on a real TraceState: the user's line -----
+# ----- on a real ThreadContext: the user's line -----
 
 def test_the_wait_is_recorded_at_the_users_line():
-    state = TraceState(load_profile(), None, None)
+    state = real_gpu_state()
     hooks = hooks_with(state, [])
     line = _line_of_next_call()
     hooks.on_stream_sync(8)

@@ -89,7 +89,7 @@ def test_a_dispatch_mode_can_opt_out_of_the_dynamo_wrapper():
 
 
 def test_engine_run_backward_is_the_frame_a_backward_pass_runs_under():
-    # tracer/state.py: ops in backward find the user's line above this frame
+    # tracer/context.py: ops in backward find the user's line above this frame
     assert inspect.iscode(tp.ENGINE_RUN_BACKWARD)
     codes = []
 
@@ -272,3 +272,13 @@ def test_cuda_bindings_the_real_gpu_path_calls():
         assert callable(getattr(torch._C, name)), name
     assert callable(torch._C._CudaStreamBase.synchronize)
     assert callable(torch.cuda._sleep) and callable(torch.cuda.ExternalStream)
+
+
+def test_storage_id_names_a_storage_and_every_view_of_it():
+    # tracer/events.py numbers storages by it
+    a, b = torch.ones(8), torch.ones(8)
+    assert tp.storage_id(a) == tp.storage_id(a[2:]) == tp.storage_id(a.view(2, 4))
+    assert tp.storage_id(a) != tp.storage_id(b)
+    assert tp.storage_id(a) == a.untyped_storage()._cdata
+    with pytest.raises((RuntimeError, NotImplementedError, TypeError)):  # tensors.NO_STORAGE
+        tp.storage_id(torch.ones(2).to_sparse())

@@ -418,7 +418,7 @@ def test_inside_a_profiler_the_guard_leaves_the_tracer_running(prof):
     with transfer_guard("disallow"), pytest.raises(ZeroDivisionError):
         1 / 0
     assert active_tracer() is prof.tracer
-    assert prof.tracer._state.collector.listeners == []  # every listener removed
+    assert prof.tracer._state.events.listeners == []  # every listener removed
 
 
 def test_a_profiler_cannot_open_inside_a_standalone_guard():
@@ -457,7 +457,7 @@ def test_guards_are_per_thread(prof):
     finally:
         release.set()
         t.join()
-    assert prof.tracer._state.collector.listeners == []
+    assert prof.tracer._state.events.listeners == []
 
 
 # ----- the real GPU -----

@@ -163,7 +163,8 @@ class Timeline:
 
     def enqueue(self, launch_ns: int, device_ns: int) -> int:
         """A kernel or an async copy: the host pays the launch; the device runs it when free.
-        (The per-op path writes this out for its kernels: tracer/perop.py; keep them alike.)"""
+        (The per-op path writes this out for its kernels, tracer/perop.py: a test in
+        tests/test_costmodel.py holds the two equal.)"""
         host = self.host_ns = self.host_ns + launch_ns
         start = self.device_ns
         self.device_ns = (host if host > start else start) + device_ns

@@ -39,6 +39,16 @@ except (ImportError, AttributeError):  # another torch: ops in backward walk the
     ENGINE_RUN_BACKWARD = None
 
 
+def _storage_object_id(t: torch.Tensor) -> int:
+    return id(t.untyped_storage())
+
+
+#: The address of a tensor's StorageImpl (the same for every view of it, reused once it is
+#: freed), read without making the storage's Python object, as `untyped_storage()` does for a
+#: storage no Python code has asked for yet; a torch without it: the Python object's id.
+storage_id = getattr(torch._C, "_storage_id", None) or _storage_object_id
+
+
 def dynamo_skip_frame(code) -> None:
     """Have torch.compile's frame evaluation run this code object as it is, never compile
     it (torch._dynamo.skip, for a code object; imports torch._dynamo, about 1.5 s the
@@ -62,7 +72,7 @@ def default_device_type() -> str:
 
 
 __all__ = ["ENGINE_RUN_BACKWARD", "OLDEST_TORCH", "check_torch_version", "default_device_type",
-           "dynamo_skip_frame",
+           "dynamo_skip_frame", "storage_id",
            "_device_constructors",
            "TorchDispatchMode", "TorchFunctionMode", "_disable_current_modes", "_parse_to",
            "flop_registry", "set_eval_frame"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ..core.costmodel import ProfileError
-from ..core.defaults import CHROME_EVENTS, REGION_CALLS_TRACED
+from ..core.defaults import CHROME_EVENTS, REGION_CALLS_TRACED, TIMELINE_EVENTS
 from ..core.trace import Trace
 from ..render.chrome import render_chrome
 from ..render.text import render_text
@@ -51,6 +51,8 @@ class ProfileOptions:
     #: a compiled graph's calls traced op by op (tracer/regions.py); None: every call
     compiled_calls_traced: int | None = REGION_CALLS_TRACED
     light: bool = False  # --light: syncs only, from sync-debug mode (tracer/light.py)
+    #: the run's first events kept in order in the trace's timeline (tracer/events.py)
+    timeline_events: int = TIMELINE_EVENTS
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def _tracer(options: ProfileOptions, chrome_trace: str | None) -> Tracer:
     return Tracer(device=options.device, profile=options.device_profile,
                   command=["memcpy-doctor", "profile", options.script, *options.args],
                   log_transfers=options.log_transfers,
-                  timeline_events=CHROME_EVENTS if chrome_trace else 0,
+                  timeline_events=options.timeline_events,
+                  chrome_events=CHROME_EVENTS if chrome_trace else 0,
                   compiled_calls_traced=options.compiled_calls_traced)
 
 

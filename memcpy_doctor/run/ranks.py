@@ -52,7 +52,8 @@ def rank_command(plan: ProfilePlan) -> list[str]:
     options = plan.options
     cmd = [sys.executable, "-m", "memcpy_doctor", "profile", "--no-report", "--device",
            options.device, "-o", plan.out_path, "--sort", options.sort, "--log-transfers",
-           str(options.log_transfers), "--trace-compiled-calls",
+           str(options.log_transfers), "--timeline-events", str(options.timeline_events),
+           "--trace-compiled-calls",
            "all" if options.compiled_calls_traced is None else str(options.compiled_calls_traced)]
     if options.device_profile:
         cmd += ["--device-profile", (os.path.abspath(options.device_profile)

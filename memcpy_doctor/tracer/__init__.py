@@ -27,7 +27,7 @@ from ..core import __version__
 from ..core.costmodel import DeviceProfile, load_profile
 from ..core.summary import summarize
 from ..core.defaults import (DEFAULT_DEVICE, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES,
-                             REGION_CALLS_TRACED)
+                             REGION_CALLS_TRACED, TIMELINE_EVENTS)
 from ..core.guardstate import inside_guard
 from ..core.compiled import CompileInfo
 from ..core.torch_private import compile_hooks
@@ -36,6 +36,7 @@ from .sim import marks as _sim
 from .chrome import ChromeLog
 from .collector import CopyEvent
 from .compiled import CompileWatch
+from .context import UNRESOLVED, RunRecords, ThreadContext
 from .cuda import device_peaks, measured_peak, wait_patches
 from .cuda_hooks import SyncHooks
 from .cuda_timer import CudaTimer
@@ -45,7 +46,7 @@ from .sim.device import SimDevice
 from .sim.session import session_sim
 from .sim.autocast import cuda_autocast
 from .sim.torchlib import serialization, torch_patches
-from .state import UNRESOLVED, TraceState
+from .transfers import TransferLog
 
 _active_lock = threading.Lock()
 _active: list[Tracer] = []
@@ -107,29 +108,33 @@ class Tracer:
 
     def __init__(self, device: str = DEFAULT_DEVICE, profile: str | DeviceProfile | None = None,
                  command: list[str] | None = None,
-                 log_transfers: int = DEFAULT_TRANSFER_LOG, timeline_events: int = 0,
+                 log_transfers: int = DEFAULT_TRANSFER_LOG,
+                 timeline_events: int = TIMELINE_EVENTS, chrome_events: int = 0,
                  compiled_calls_traced: int | None = REGION_CALLS_TRACED) -> None:
         """`log_transfers`: keep the first N copies, in order, in the trace (explain --log);
-        `timeline_events`: keep the first N events on a timeline (`chrome` after stop);
-        `compiled_calls_traced`: trace the ops inside a compiled graph on its first N calls
-        (per input shapes), after which a graph that made no copy in them runs untraced
-        inside (tracer/regions.py); None: on every call."""
+        `timeline_events`: keep the run's first N events, in order, in the trace's
+        `timeline`; `chrome_events`: keep the first N events on a Chrome trace's timeline
+        (`chrome` after stop); `compiled_calls_traced`: trace the ops inside a compiled
+        graph on its first N calls (per input shapes), after which a graph that made no copy
+        in them runs untraced inside (tracer/regions.py); None: on every call."""
         self.log_transfers = log_transfers
         self.compiled_calls_traced = compiled_calls_traced
         self.timeline_events = timeline_events
+        self.chrome_events = chrome_events
         self.chrome: ChromeLog | None = None
+        self._transfers: TransferLog | None = None
         self.requested_device = device
         self.profile = profile if isinstance(profile, DeviceProfile) else load_profile(profile)
         self.command = list(command) if command is not None else list(sys.argv)
         self.device: str | None = None
         self.trace: Trace | None = None
         self._stack: ExitStack | None = None
-        self._state: TraceState | None = None
+        self._state: ThreadContext | None = None  # the tracing thread's context
         self._start_ns = 0
         self._sim: SimDevice | None = None
-        self._siblings: list[TraceState] = []  # the states of other traced threads
+        self._siblings: list[ThreadContext] = []  # the contexts of other traced threads
         #: the running ones, by thread ident (the simulated device reads it too)
-        self._thread_states: dict[int, TraceState] = {}
+        self._thread_states: dict[int, ThreadContext] = {}
         self._thread = threading.get_ident()  # the tracing thread (set again by start)
         self._peaks_before: list[int] = []  # real GPU: the allocator's peaks at the start
         self._compile: CompileWatch | None = None
@@ -157,7 +162,8 @@ class Tracer:
             else:
                 self.device = resolve_device(self.requested_device)
             if self.device == "sim":
-                sim = SimDevice(lambda s: TraceState(self.profile, s, None, self.log_transfers))
+                sim = SimDevice(lambda s: RunRecords(self.profile, s, None,
+                                                     self.timeline_events).context())
                 if session is not None:
                     session.share_marks(sim)
                 sim.thread_states = self._thread_states
@@ -177,32 +183,43 @@ class Tracer:
                 stack.enter_context(serialization(sim))
             else:
                 sim_patch = None
-                state = TraceState(self.profile, None, CudaTimer(), self.log_transfers)
+                state = RunRecords(self.profile, None, CudaTimer(),
+                                   self.timeline_events).context()
                 handlers = self._handlers(state)
                 stack.enter_context(_Patch(wait_patches(self._state_here)))
                 stack.enter_context(SyncHooks(self._waiting_state))  # inside C++ code
                 self._peaks_before = device_peaks()
             self._state = state
+            self._subscribe(state.events)
             stack.enter_context(_Patch([(threading.Thread, "start",
                                          _traced_start(self))]))
-            if self.timeline_events:
-                self.chrome = state.collector.chrome = ChromeLog(self.timeline_events,
-                                                                 self._clock(state))
-            stack.callback(setattr, state, "suspended", True)
+            stack.callback(state.halt)  # a mode left on the stack does nothing more
             stack.enter_context(FunctionMode(state, handlers))
             stack.enter_context(DispatchMode(state))
             # The first call into a dispatch mode imports torch._dynamo (over a second):
             # pay it here, untraced, not inside the user's first op.
-            state.suspended = True
-            torch.empty(0)
-            state.suspended = False
+            with state.suspend():
+                torch.empty(0)
             self._compile = self._watch_compiles(stack, sim_patch)
         except BaseException:
             stack.close()
             raise
         self._stack = stack
-        self._start_ns = state.start_ns = perf_counter_ns()
+        run = state.run
+        self._start_ns = run.start_ns = perf_counter_ns()
+        if run.timer is not None:
+            run.timer.start(0)  # device spans are placed from here, the host clock's 0
         return self
+
+    def _subscribe(self, events: Any) -> None:
+        """The transfer log and the Chrome trace's timeline, where asked for: subscribers
+        of the run's event record."""
+        if self.log_transfers:
+            self._transfers = TransferLog(self.log_transfers)
+            events.subscribe(self._transfers)
+        if self.chrome_events:
+            self.chrome = ChromeLog(self.chrome_events)
+            events.subscribe(self.chrome, self.chrome_events)
 
     def _watch_compiles(self, stack: ExitStack, sim_patch: _Patch | None) -> CompileWatch | None:
         """Keep torch.compile's code compiled while tracing (tracer/compiled.py); None on a
@@ -218,7 +235,7 @@ class Tracer:
         return stack.enter_context(CompileWatch(hooks, self._state_here, recorder, self._sim,
                                                 lift, restore, self.compiled_calls_traced))
 
-    def _handlers(self, state: TraceState) -> dict[Any, Callable]:
+    def _handlers(self, state: ThreadContext) -> dict[Any, Callable]:
         if self._sim is not None:
             return {**common_handlers(state), **self._sim.handlers}
         return real_gpu_handlers(state)
@@ -230,7 +247,7 @@ class Tracer:
         if self._stack is None or main is None:  # the tracer stopped before it ran
             yield
             return
-        state = main.sibling(name)
+        state = main.run.context(name)
         ident = threading.get_ident()
         self._siblings.append(state)
         self._thread_states[ident] = state
@@ -240,11 +257,11 @@ class Tracer:
         finally:
             self._thread_states.pop(ident, None)
 
-    def _state_here(self) -> TraceState:
-        """The calling thread's state."""
+    def _state_here(self) -> ThreadContext:
+        """The calling thread's context."""
         return self._thread_states.get(threading.get_ident(), self._state)
 
-    def _waiting_state(self) -> TraceState | None:
+    def _waiting_state(self) -> ThreadContext | None:
         """The state a host wait that CUDA reports on the calling thread belongs to: the
         thread's own; on a thread the tracer does not trace, that of a traced thread now in a
         backward pass (autograd runs a GPU's backward ops on threads of its own, under the
@@ -257,12 +274,6 @@ class Tracer:
             if state is not None and state.backward_site is not UNRESOLVED:
                 return state
         return None
-
-    def _clock(self, state: TraceState) -> Any:
-        timeline = state.timeline
-        if timeline is not None:
-            return lambda: (timeline.host_ns, timeline.device_ns)
-        return lambda: (perf_counter_ns() - self._start_ns, None)
 
     def stop(self, *, abandon_modes: bool = False) -> Trace:
         """Stop tracing (modes and patches undone) and build the trace.
@@ -281,7 +292,7 @@ class Tracer:
         state.gap()  # the program's own work after its last op (simulated GPU: modeled)
         stack, self._stack = self._stack, None
         for sibling in self._siblings:  # threads still running: their ops are not recorded
-            sibling.suspended = True
+            sibling.halt()
         try:
             stack.close()
         except RuntimeError:  # "trying to pop from empty mode stack", with every exit run
@@ -298,11 +309,11 @@ class Tracer:
         stops; what it raises reaches the program at the copy's line."""
         if self._state is None or self._stack is None:
             raise RuntimeError("the tracer is not running")
-        self._state.collector.listeners.append(listener)
+        self._state.events.listeners.append(listener)
 
     def remove_copy_listener(self, listener: Callable[[CopyEvent], None]) -> None:
-        if self._state is not None and listener in self._state.collector.listeners:
-            self._state.collector.listeners.remove(listener)
+        if self._state is not None and listener in self._state.events.listeners:
+            self._state.events.listeners.remove(listener)
 
     def _compile_info(self, copies: list) -> CompileInfo | None:
         """trace.compile: what torch.compile did while tracing; None if it did nothing."""
@@ -331,10 +342,11 @@ class Tracer:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def _build(self, state: TraceState, end_ns: int) -> Trace:
+    def _build(self, state: ThreadContext, end_ns: int) -> Trace:
         col = state.collector
         events = col.event_rows()
         copies = col.copy_records()
+        ops, waits = col.op_records(), col.wait_records()
         notes = []
         if state.timeline is not None:
             total = state.timeline.end_ns()
@@ -350,13 +362,16 @@ class Tracer:
             torch_version=torch.__version__, command=self.command,
             memcpy_doctor_version=__version__, wall_ns=end_ns - self._start_ns)
         meta.untraced += notes
-        if col.transfers_dropped:
-            meta.untraced.append(f"transfer log: {col.transfers_dropped} transfers after the "
-                                 f"first {len(col.transfers)} are counted but not logged")
+        transfers = self._transfers.records() if self._transfers is not None else []
+        if self._transfers is not None and self._transfers.dropped:
+            meta.untraced.append(f"transfer log: {self._transfers.dropped} transfers after the "
+                                 f"first {len(transfers)} are counted but not logged")
+        recorded = (sum(o.calls for o in ops) + sum(c.calls for c in copies)
+                    + sum(w.calls for w in waits))
         return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
-                     ops=col.op_records(), copies=copies, waits=col.wait_records(),
-                     flows=col.flow_records(), transfers=list(col.transfers),
-                     compile=self._compile_info(copies))
+                     ops=ops, copies=copies, waits=waits, flows=col.flow_records(),
+                     transfers=transfers, compile=self._compile_info(copies),
+                     timeline=state.events.timeline(recorded))
 
 
 def _counted(compile_: Callable, count: list[int]) -> Callable:

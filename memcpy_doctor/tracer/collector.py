@@ -1,5 +1,8 @@
 """Aggregation as the program runs: per op and site, per copy path, per wait site.
 
+The collector is what the run's event record (tracer/events.py) fills for every event; the
+per-op path fills an op's aggregate itself, inline (tracer/perop.py).
+
 Nothing here holds a user tensor. Which op made each live tensor is in a ProducerTable
 (tracer/producers.py: weak references, stale entries swept as it fills, no callback on every
 free). Copies awaiting their consumer are rare and keep a callback, which finishes the copy
@@ -10,14 +13,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from ..core.defaults import OP_TIMES_FOLD_AT
-from ..core.trace import (CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site,
-                          TransferRecord, WaitRecord, copy_event_name)
-from .chrome import ChromeLog
+from ..core.trace import (CopyRecord, EventRow, FlowRecord, OpRecord, OpRef, Site, WaitRecord,
+                          copy_event_name)
 from .producers import ProducerTable
 
 
@@ -168,7 +169,7 @@ class PendingCopy:
     """A copy whose destination tensor has not been read yet (its consumer is unknown)."""
 
     __slots__ = ("key", "path", "nbytes", "host_ns", "device_ns", "stack", "shape", "dtype",
-                 "agg", "event", "holders", "logged", "chrome_event", "at_ns", "end_col")
+                 "agg", "event", "holders", "at_ns", "end_col")
 
     def __init__(self, key: tuple, path: tuple, nbytes: int, host_ns: int, device_ns: int,
                  stack: list[Site], shape: list[int] | None, dtype: str | None,
@@ -186,11 +187,9 @@ class PendingCopy:
         self.agg: CopyAgg | None = None  # set once the consumer is known
         self.event = event
         self.holders = 0  # live tensors holding the destination (see rebind) awaiting a reader
-        self.logged: TransferRecord | None = None  # its entry in the transfer log, if any
-        self.chrome_event: int | None = None  # its event on the chrome timeline, if any
 
     def add_device(self, ns: int, host_ns: int) -> None:
-        """Device time measured after the call (real GPU async copies)."""
+        """Device time measured after the call (real GPU async copies and peer copies)."""
         self.event.gpu_ns += ns
         self.event.span(host_ns + ns)
         if self.agg is not None:
@@ -217,12 +216,7 @@ class CopyEvent:
 class Collector:
     """The aggregated record of one traced run."""
 
-    def __init__(self, log_transfers: int = 0) -> None:
-        self.log_limit = log_transfers
-        #: called with each CopyEvent as it is recorded; an exception a listener raises
-        #: reaches the program at the line that made the copy
-        self.listeners: list[Callable[[CopyEvent], None]] = []
-        self.chrome: ChromeLog | None = None  # the timeline, when profile --chrome-trace
+    def __init__(self) -> None:
         self.events: dict[str, EventAgg] = {}
         self.op_events: dict[str, EventAgg] = {}  # the rows folded from `ops` at the end
         #: by (op name, device, id of the interned Site, thread or None)
@@ -230,32 +224,26 @@ class Collector:
         #: by the ids of the path's objects (see CopyAgg); merged by value in copy_records
         self.copies: dict[tuple, CopyAgg] = {}
         self.waits: dict[tuple[str, Site | None, str | None], list[int]] = {}
-        self.transfers: list[TransferRecord] = []
-        self.transfers_dropped = 0
         #: live tensor -> the OpAgg that made its data (and its size, when known)
         self.producers = ProducerTable()
         #: id(tensor) -> (weak reference, the copy into it awaiting its first reader)
         self.pending: dict[int, tuple[weakref.KeyedRef, PendingCopy]] = {}
         #: copies and host waits recorded so far (a compiled region reads it around a call)
         self.recorded = 0
+        self._index: tuple[dict, dict, dict] | None = None  # record_index's, once finished
 
     # ----- ops -----
     def new_op(self, key: tuple[str, str, int, str | None], name: str, device: str,
-               site: Site | None) -> OpAgg:
-        """The aggregate of an op first seen at `key`: (name, device, id(site), thread). The
-        per-op path (tracer/perop.py) looks aggregates up and updates them itself."""
+               site: Site | None, launch_ns: int = 0) -> OpAgg:
+        """The aggregate of an op first seen at `key`: (name, device, id(site), thread),
+        whose simulated kernels cost the host `launch_ns` each. The per-op path
+        (tracer/perop.py) looks aggregates up and updates them itself."""
         event = self.op_events.get(name)
         if event is None:
             event = self.op_events[name] = self.events[name] = EventAgg()
         agg = self.ops[key] = OpAgg(OpRef(name, device, site), event, key[3])
+        agg.launch_ns = launch_ns
         return agg
-
-    def chrome_op(self, agg: OpAgg, host_ns: int, device_ns: int) -> None:
-        ref = agg.ref
-        idx = self.chrome.add("op", ref.op, host_ns, device_ns,
-                              {"device": ref.device, "site": str(ref.site)})
-        if idx is not None:
-            self.chrome.last_of[id(ref)] = idx
 
     # ----- producers -----
     def set_producer(self, t: torch.Tensor, agg: OpAgg) -> None:
@@ -287,11 +275,6 @@ class Collector:
              end_col: int | None = None) -> PendingCopy:
         """Record one copy (made in `thread`, None for the tracing thread, at `at_ns` on the
         host's clock). With `dst`, it waits for the first op that reads dst."""
-        if self.listeners:
-            note = CopyEvent(direction, sync, pinned, trigger, nbytes, site, producer, shape,
-                             dtype)
-            for listener in list(self.listeners):
-                listener(note)
         self.recorded += 1
         name = copy_event_name(direction, sync)
         event = self.events.get(name)
@@ -303,20 +286,6 @@ class Collector:
         pending = PendingCopy(key, (direction, sync, pinned, trigger, site, producer, thread),
                               nbytes, host_ns, device_ns, stack, shape, dtype, event, at_ns,
                               end_col)
-        if self.chrome is not None:
-            pending.chrome_event = self.chrome.add(
-                "memcpy", name, host_ns, device_ns,
-                {"bytes": nbytes, "trigger": trigger, "site": str(site)})
-            if producer is not None:
-                self.chrome.flow(self.chrome.last_of.get(id(producer)), pending.chrome_event)
-        if len(self.transfers) < self.log_limit:
-            pending.logged = TransferRecord(
-                seq=len(self.transfers) + self.transfers_dropped, direction=direction,
-                sync=sync, pinned=pinned, trigger=trigger, bytes=nbytes, shape=shape,
-                dtype=dtype, site=site, producer=producer, consumer=None)
-            self.transfers.append(pending.logged)
-        elif self.log_limit:
-            self.transfers_dropped += 1
         if dst is None:
             self._finish(pending, None)
         else:
@@ -368,10 +337,6 @@ class Collector:
             self._hold(new, entry[1])
 
     def _finish(self, p: PendingCopy, consumer: OpRef | None) -> None:
-        if p.logged is not None:
-            p.logged.consumer = consumer
-        if self.chrome is not None and consumer is not None:
-            self.chrome.flow(p.chrome_event, self.chrome.last_of.get(id(consumer)))
         key = p.key + (id(consumer),)
         agg = self.copies.get(key)
         if agg is None:  # (the CopyAgg keeps the path's objects, and so their ids, alive)
@@ -397,8 +362,6 @@ class Collector:
         if event is None:
             event = self.events[f"HostWait:{kind}"] = EventAgg()
         event.add(wait_ns, 0)
-        if self.chrome is not None:
-            self.chrome.add("wait", f"HostWait:{kind}", wait_ns, 0, {"site": str(site)})
 
     # ----- results -----
     def finish(self) -> None:
@@ -454,3 +417,19 @@ class Collector:
     def wait_records(self) -> list[WaitRecord]:
         return [WaitRecord(kind, calls, ns, site, thread)
                 for (kind, site, thread), (calls, ns) in self.waits.items()]
+
+    def record_index(self, kind: str, handle: object) -> int | None:
+        """Where an event's aggregate (`handle`, tracer/events.py) is in the records made
+        after `finish`: op_records, copy_records, wait_records, by `kind`."""
+        if self._index is None:
+            ops = [a for a in self.ops.values() if a.calls]
+            paths = dict.fromkeys(a.path for a in self.copies.values())
+            self._index = ({id(a): i for i, a in enumerate(ops)},
+                           {path: i for i, path in enumerate(paths)},
+                           {key: i for i, key in enumerate(self.waits)})
+        ops, copies, waits = self._index
+        if kind == "op":  # (an op's event names its OpAgg by id)
+            return ops.get(handle)
+        if kind == "copy":
+            return copies.get(handle.agg.path) if handle.agg is not None else None
+        return waits.get(handle)

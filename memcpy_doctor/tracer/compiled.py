@@ -35,9 +35,8 @@ from ..core.defaults import REGION_CALLS_TRACED
 from ..core.paths import is_internal_file, is_package_file
 from ..core.torch_private import CompileHooks, compile_hooks
 from ..core.trace import Site
-from .regions import (REGION_DISPATCH_CODE, BackwardRunner, Region, RegionRunner,
-                      swap_dispatch)
-from .state import tensors_out
+from .regions import BackwardRunner, Region, RegionRunner, RegionScope, enter_region
+from .tensors import tensors_out
 
 _DisableTorchFunction = torch._C.DisableTorchFunction
 Tensor = torch.Tensor
@@ -152,7 +151,7 @@ class CompileWatch:
     """Regions, graph breaks, graphs and recompiles of the compiles made while tracing.
 
     `hooks`: torch.compile's private parts (core/torch_private.compile_hooks());
-    `state_here()`: the calling thread's TraceState; `recorder(state)`: its per-op record
+    `state_here()`: the calling thread's ThreadContext; `recorder(state)`: its per-op record
     step (tracer/perop.py); `lift()`/`restore()`: take the simulated GPU's patches of
     torch.cuda away while a compile runs, and put them back (None on a real GPU);
     `calls_traced`: a region's calls traced op by op per input shapes before it may run
@@ -268,7 +267,7 @@ class CompileWatch:
                 on_device = True in marks.inputs([a for a in args if isinstance(a, Tensor)])
             if not on_device:
                 return call(f, args, *rest, **kwargs)
-            put_back = swap_dispatch(state, None, None, marks.mark_outputs, state_here)
+            put_back = enter_region(state, None, None, marks.mark_outputs)
             try:
                 out = call(f, args, *rest, **kwargs)
             finally:
@@ -329,7 +328,8 @@ class CompileWatch:
         runner = RegionRunner(region, self.hooks.innermost(compiled), self.state_here,
                               self.recorder, self.sim, self.calls_traced)
         for code in (RegionRunner.__call__.__code__, RegionRunner._traced.__code__,
-                     RegionRunner._finish.__code__, REGION_DISPATCH_CODE):
+                     RegionRunner._finish.__code__, RegionScope.enter.__code__,
+                     RegionScope.leave.__code__):
             self.hooks.skip_frame(code)  # never compiled when called
         self._boundary(RegionRunner._traced.__code__)
         return runner

@@ -1,6 +1,6 @@
 """The real GPU: its steps of the per-op path, its copies and host waits, measured.
 
-`gpu_op` runs an op on a real GPU inside the per-op path's guard (tracer/perop.py): a copy
+`GpuSteps` holds the real GPU's steps of the one per-op path (tracer/perop.py): a copy
 between devices is recorded as a copy (`real_copy`), any other op is timed by CUDA events
 (tracer/cuda_timer.py) when it launches device work, and recorded by the shared last steps.
 Host waits are caught twice: the Python calls that wait are wrapped (`wait_patches`), and
@@ -19,10 +19,9 @@ import torch
 from ..core.torch_private import default_device_type
 from .backward import engine_patches
 from .cuda_hooks import COPY_OPS, records_waits
-from .optable import OP_INFO, OpInfo, op_info
+from .optable import OpInfo
 from .sim.torchlib import tensors_in_data
-from .state import (UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
-                    with_kwarg_tensors)
+from .tensors import tensors_out
 
 Tensor = torch.Tensor
 
@@ -38,7 +37,7 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
             if state.suspended:
                 return original(*args, **kwargs)
             t0 = perf_counter_ns()
-            result = state.run_recorded(original, args, kwargs)
+            result = run_recorded(state, original, args, kwargs)
             state.host_wait(kind, perf_counter_ns() - t0)
             if state.timer is not None:
                 state.timer.poll()
@@ -56,42 +55,57 @@ def wait_patches(state_of: Any) -> list[tuple[Any, str, Any]]:
     ]
 
 
-def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]:
-    """The real GPU's steps of the per-op path for `state`: `run(func, args, kwargs)` runs one
-    aten op and records it with `record` (tracer/perop.py's `recorder`), inside the per-op
-    path's guard. An op that launches device work is timed by CUDA events around it; a
-    host wait inside it (reported by cuda_hooks.SyncHooks) is timed to its return."""
-    timer = state.timer
+def run_recorded(ctx: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`func(*args, **kwargs)`, run as part of a copy or wait that the tracer records itself
+    in the thread context `ctx`: a CUDA sync inside it is not reported again (cuda_hooks
+    GpuWaits.recording)."""
+    waits = ctx.gpu
+    waits.recording += 1
+    try:
+        return func(*args, **kwargs)
+    finally:
+        waits.recording -= 1
 
-    def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        info = OP_INFO.get(id(func)) or op_info(func)
-        ins = args if all(isinstance(a, Tensor) for a in args) else tensor_args(args)
-        if kwargs:
-            ins = with_kwarg_tensors(ins, kwargs)
+
+class GpuSteps:
+    """The real GPU's own steps of the per-op path (tracer/perop.py) for one thread
+    context: which inputs are on the device (`inputs`), a copy between devices (`copy`),
+    and the op run, timed and recorded (`run`). An op that launches device work is timed by
+    CUDA events around it; a host wait inside it (reported by cuda_hooks.SyncHooks) is
+    timed to its return."""
+
+    __slots__ = ("ctx", "timer", "waits", "events")
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx, self.timer, self.waits, self.events = ctx, ctx.timer, ctx.gpu, ctx.events
+
+    def run(self, record: Callable[..., Any], info: OpInfo, func: Any, args: tuple,
+            kwargs: dict, ins: Any, to_cuda: bool | None, site: Any) -> Any:
+        """Step 2 and steps 4 to 8 of an op on a real GPU, whose inputs are `ins` (to the
+        device: `to_cuda`): which inputs are on a GPU; a copy between devices run and
+        recorded as a copy (`real_copy`); else the op run, timed, and recorded with
+        `record`."""
         dev_in = [t.is_cuda for t in ins]
         any_dev = True in dev_in
-        to_cuda = names_cuda(kwargs.get("device"))  # .to("cuda") of a host tensor, a factory
-        if info.short in COPY_OPS and (any_dev or to_cuda):
-            copied = real_copy(state, info, func, args, kwargs)
+        if (any_dev or to_cuda) and info.short in COPY_OPS:
+            copied = real_copy(self.ctx, info, func, args, kwargs)
             if copied is not None:
                 return copied[0]
-        site = state.call_site
-        if site is UNRESOLVED:
-            site = state.op_site(3)
+        timer, waits = self.timer, self.waits
         mark = None
         if info.kernel and (any_dev or (not ins and to_cuda)):  # (a view launches nothing)
             mark = timer.begin(0 if timer.devices < 2 else _device_of(
                 ins[dev_in.index(True)] if any_dev else None, kwargs.get("device")))
-        prev, state.running_op = state.running_op, info
+        prev, waits.running_op = waits.running_op, info
         t0 = perf_counter_ns()
         try:
             out = info.call(*args, **kwargs)
         finally:
-            state.running_op = prev
+            waits.running_op = prev
             t1 = perf_counter_ns()
-            sync_at = state.sync_at_ns
+            sync_at = waits.sync_at_ns
             if sync_at:
-                state.sync_at_ns = 0
+                waits.sync_at_ns = 0
         host_ns = t1 - t0
         outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
         if any_dev:
@@ -100,21 +114,18 @@ def gpu_op(state: TraceState, record: Callable[..., None]) -> Callable[..., Any]
             device = f"cuda:{outs[0].get_device()}"
         else:
             device = "cpu"
-        if sync_at:  # the host waited inside the op: for its copy (read by after_op)
-            state.waited_ns = t1 - sync_at
-        agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site, host_ns)
-        if sync_at:
-            state.waited_ns = 0
-            if not records_waits(info):  # no copy of its own: a wait named after it
-                state.host_wait(f"{state.sync_kind} in {info.name}", t1 - sync_at, site)
+        # a wait inside the op: for its copy (read by opreads.after_op), or named after it
+        agg = record(info, args, kwargs, ins, out, outs, dev_in, any_dev, device, site,
+                     host_ns, t1 - sync_at if sync_at else 0)
+        if sync_at and not records_waits(info):
+            self.ctx.host_wait(f"{waits.sync_kind} in {info.name}", t1 - sync_at, site)
         if mark is not None:  # the op's device time, from its events once they are read
             if agg is not None:
-                timer.end(mark, agg, host_ns)
+                events = self.events
+                timer.end(mark, agg, host_ns, events, events.kept_last(agg))
             else:
                 timer.cancel(mark)  # the op is a copy: its time is the copy's
         return out
-
-    return run
 
 
 def _device_of(tensor: Tensor | None, device: Any) -> int:
@@ -127,7 +138,7 @@ def _device_of(tensor: Tensor | None, device: Any) -> int:
     return torch.cuda.current_device()
 
 
-def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
+def real_copy(ctx: Any, info: OpInfo, func: Any, args: tuple,
               kwargs: dict) -> tuple[Any] | None:
     """A real GPU's copy between devices (`_to_copy` or `copy_`), run and recorded as a copy
     rather than an op; None if the op copies within one device (then it is an op)."""
@@ -153,19 +164,19 @@ def real_copy(state: TraceState, info: OpInfo, func: Any, args: tuple,
         host_pinned = args[0].is_pinned() if info.short == "copy_" else None
     direction, pinned, sync = copy_kind(info.short, src.is_cuda, dst_cuda, non_blocking,
                                         host_pinned)
-    site = state.here()
-    timer = state.timer
+    site = ctx.here()
+    timer = ctx.timer
     mark = timer.begin(0 if timer.devices < 2 else _device_of(
         src if src.is_cuda else None, target))
     t0 = perf_counter_ns()
-    out = state.run_recorded(func, args, kwargs)
+    out = run_recorded(ctx, func, args, kwargs)
     host_ns = perf_counter_ns() - t0
     dst_t = out if isinstance(out, Tensor) else args[0]
-    trigger = state.trigger or ("to" if info.short == "_to_copy" else "copy_")
-    pending = state.record_copy(direction, sync, pinned, trigger, dst_t.nbytes, host_ns, 0,
-                                site, src, dst_t, src)
-    timer.end(mark, pending, host_ns)
-    state.collector.inherit_producer(dst_t, src)
+    trigger = ctx.trigger or ("to" if info.short == "_to_copy" else "copy_")
+    pending = ctx.record_copy(direction, sync, pinned, trigger, dst_t.nbytes, host_ns, 0,
+                              site, src, dst_t, src, info.short == "copy_")
+    timer.end(mark, pending, host_ns, ctx.events, ctx.events.kept_last(pending))
+    ctx.collector.inherit_producer(dst_t, src)
     return (out,)
 
 
@@ -185,7 +196,7 @@ def copy_kind(op: str, src_cuda: bool, dst_cuda: bool, non_blocking: bool,
     return "DtoH", pinned, not (non_blocking and pinned)
 
 
-def factory_handler(state: TraceState) -> Callable[..., Any]:
+def factory_handler(state: Any) -> Callable[..., Any]:
     """The function mode's handler of the data factories on a real GPU (`torch.tensor(data,
     device="cuda")`, `as_tensor`, `asarray`, `t.new_tensor`). They copy from the host in C++
     under ExcludeDispatchKeyGuard(Python) (tensor_new.cpp, internal_new_from_data), out of the
@@ -212,13 +223,10 @@ def factory_handler(state: TraceState) -> Callable[..., Any]:
         site = state.here()
         for t in reads:
             state.sync_copy("DtoH", "factory", t.nbytes, t, site, 0)
-        state.suspended = True  # the call's ops and waits are this copy's
-        t0 = perf_counter_ns()
-        try:
+        with state.suspend():  # the call's ops and waits are this copy's
+            t0 = perf_counter_ns()
             out = func(*args, **kwargs)
-        finally:
-            state.suspended = False
-        host_ns = perf_counter_ns() - t0
+            host_ns = perf_counter_ns() - t0
         if to_cuda and isinstance(out, Tensor) and out.nbytes:
             src = data if isinstance(data, Tensor) else None
             state.record_copy("HtoD", True, False, "factory", out.nbytes, host_ns, 0, site,

@@ -28,17 +28,37 @@ def records_waits(info: OpInfo) -> bool:
 COPY_OPS = ("_to_copy", "copy_")
 
 
+class GpuWaits:
+    """One thread's side of the handshake between CUDA's sync callbacks (SyncHooks) and the
+    real GPU's steps of the per-op path (tracer/cuda.py), which only those two modules use:
+
+    - `recording`: above 0 while the tracer runs a copy or a wait that it records itself
+      (cuda.run_recorded): a sync inside it is not reported again;
+    - `running_op`: the op (its OpInfo) the per-op path is running, if any: a sync inside
+      it is marked, not recorded, here;
+    - `sync_at_ns`, `sync_kind`: when CUDA first reported a sync inside that op (0: none)
+      and its kind; the per-op path times the wait to the op's return and records it."""
+
+    __slots__ = ("recording", "running_op", "sync_at_ns", "sync_kind")
+
+    def __init__(self) -> None:
+        self.recording = 0
+        self.running_op: OpInfo | None = None
+        self.sync_at_ns = 0
+        self.sync_kind = ""
+
+
 class SyncHooks:
     """CUDA's synchronization callbacks, recorded as host waits in the state of the thread
     that waits (`state_of()`: None for a thread the tracer does not trace).
 
-    A wait inside an op the real GPU's per-op path is running (`TraceState.running_op`) is
-    timed from the callback to the op's return (`TraceState.sync_at_ns`, read by
-    tracer/cuda.py's `gpu_op`): PyTorch fires the callback before it waits, and, in
+    A wait inside an op the real GPU's per-op path is running (`GpuWaits.running_op`) is
+    timed from the callback to the op's return (`GpuWaits.sync_at_ns`, read by
+    tracer/cuda.py's steps): PyTorch fires the callback before it waits, and, in
     `memcpy_and_sync`, before the copy it waits for. Such a wait is recorded by the per-op
     path, as the op's copy when the tracer records the op's waits as copies (`records_waits`),
     else as a wait named after the op. Waits the tracer records anyway are skipped: those
-    inside a copy or wait it records itself (`TraceState.recording`).
+    inside a copy or wait it records itself (`GpuWaits.recording`).
 
     A wait outside any op (a C++ call below Python that is not an op) is timed by draining
     the stream (device) first, which the program was about to do anyway; an event wait cannot
@@ -70,21 +90,23 @@ class SyncHooks:
         if self._busy:
             return
         state = self.state_of()
-        if state is None or state.suspended or state.recording:
+        if state is None or state.suspended:
             return
-        if state.running_op is not None:  # timed and recorded when the op returns
-            if not state.sync_at_ns:
-                state.sync_at_ns, state.sync_kind = perf_counter_ns(), kind
+        waits = state.gpu
+        if waits.recording:
+            return
+        if waits.running_op is not None:  # timed and recorded when the op returns
+            if not waits.sync_at_ns:
+                waits.sync_at_ns, waits.sync_kind = perf_counter_ns(), kind
             return
         self._busy = True  # the drain syncs too, and fires these callbacks again
-        state.suspended = True
         try:
-            t0 = perf_counter_ns()
-            if drain is not None:
-                drain()
-            ns = perf_counter_ns() - t0 if drain is not None else 0
+            with state.suspend():
+                t0 = perf_counter_ns()
+                if drain is not None:
+                    drain()
+                ns = perf_counter_ns() - t0 if drain is not None else 0
         finally:
-            state.suspended = False
             self._busy = False
         state.host_wait(kind, ns)
 

@@ -53,9 +53,13 @@ class CudaTimer:
 
     `begin(device)` records a start event on the current stream of the device the work runs
     on, `end(...)` the stop event; `target.add_device(ns, host_ns)` is called once the device
-    has run the work. While the current stream captures a CUDA graph nothing is recorded or
-    queried: an event recorded then is a node of the graph, and CUDA forbids querying events
-    during a capture (the capture would fail, or the query raise, and the trace be lost).
+    has run the work, and `placed.place(index, start_ns, ns)` places an event the run's ordered
+    record (tracer/events.py) keeps on the host's clock: from an event `start(now_ns)`
+    recorded on each device when the run began (so the span is off by the time the device was
+    still busy with earlier work then). While the current stream captures a CUDA graph nothing is
+    recorded or queried: an event recorded then is a node of the graph, and CUDA forbids
+    querying events during a capture (the capture would fail, or the query raise, and the
+    trace be lost).
     """
 
     def __init__(self, cuda: Any = None) -> None:
@@ -65,8 +69,18 @@ class CudaTimer:
         #: work of an op on cuda:1 runs on cuda:1's current stream, whatever the current device
         self.devices = self.cuda.device_count()
         self._pools: dict[int, list[Any]] = {}
-        self._pending: list[tuple[Any, Any, Any, int, int]] = []
+        self._pending: list[tuple[Any, Any, Any, int, int, Any]] = []
         self._since_poll = 0
+        #: by device: an event recorded when the run began, and the host's clock then
+        self._origins: dict[int, tuple[Any, int]] = {}
+
+    def start(self, now_ns: int) -> None:
+        """The run begins: an origin event on each device, at `now_ns` on the host's clock
+        (nothing while a graph is being captured: spans are then not placed)."""
+        if not self.devices or self._capturing():
+            return
+        for device in range(self.devices):
+            self._origins[device] = (self._recorded(device), now_ns)
 
     def _recorded(self, device: int) -> Any:
         pool = self._pools.get(device)
@@ -87,12 +101,15 @@ class CudaTimer:
         if start is not None:
             self._pools.setdefault(start[1], []).append(start[0])
 
-    def end(self, start: Any, target: Any, host_ns: int) -> None:
-        """The pair's stop, on the device its start was recorded on."""
+    def end(self, start: Any, target: Any, host_ns: int, placed: Any = None,
+            index: int | None = None) -> None:
+        """The pair's stop, on the device its start was recorded on; with `index`, the work's
+        event in the run's ordered record `placed` is placed once the pair is read."""
         if start is None:
             return
-        event, device = start
-        self._pending.append((event, self._recorded(device), target, host_ns, device))
+        first, device = start
+        event = (placed, index) if index is not None else None
+        self._pending.append((first, self._recorded(device), target, host_ns, device, event))
         self._since_poll += 1
         if self._since_poll >= POLL_EVERY:
             self.poll()
@@ -103,10 +120,15 @@ class CudaTimer:
         if not self._pending or self._capturing():
             return
         done = 0
-        for start, stop, target, host_ns, device in self._pending:
+        for start, stop, target, host_ns, device, event in self._pending:
             if not stop.query():
                 break
-            target.add_device(int(start.elapsed_time(stop) * 1e6), host_ns)
+            ns = int(start.elapsed_time(stop) * 1e6)
+            target.add_device(ns, host_ns)
+            origin = self._origins.get(device) if event is not None else None
+            if origin is not None:
+                placed, index = event
+                placed.place(index, origin[1] + int(origin[0].elapsed_time(start) * 1e6), ns)
             pool = self._pools.setdefault(device, [])
             pool.append(start)
             pool.append(stop)

@@ -44,12 +44,13 @@ import torch
 from ..core import __version__
 from ..core.costmodel import DeviceProfile, load_profile
 from ..core.defaults import (DEFAULT_DEVICE, LIGHT_SYNC_NOTE, LIGHT_SYNC_TRIGGER,
-                             SYNC_DEBUG_WARNING)
+                             SYNC_DEBUG_WARNING, TIMELINE_EVENTS)
 from ..core.summary import summarize
 from ..core.trace import Meta, Trace
 from . import Tracer, _active, _Patch, check_device, register
 from .collector import Collector
 from .cuda import device_peaks, measured_peak
+from .events import EventRecord
 from .sites import SiteResolver
 
 _getframe = sys._getframe
@@ -106,12 +107,14 @@ class _SyncWarnings:
 
 
 class LightHooks:
-    """The warnings filter and the wrapped calls, recording into one Collector while
-    entered; every filter and patch is undone on exit, also on error. Nothing here holds a
-    tensor."""
+    """The warnings filter and the wrapped calls, recording into one event record (over its
+    Collector) while entered; every filter and patch is undone on exit, also on error.
+    Nothing here holds a tensor."""
 
-    def __init__(self, clock_start: int | None = None) -> None:
+    def __init__(self, clock_start: int | None = None,
+                 keep_events: int = TIMELINE_EVENTS) -> None:
         self.collector = Collector()
+        self.events = EventRecord(self.collector, keep_events)
         self.sites = SiteResolver()
         self.quiet: set[int] = set()  # threads inside a wrapped call
         self.start_ns = perf_counter_ns() if clock_start is None else clock_start
@@ -132,23 +135,19 @@ class LightHooks:
     def sync(self, frame: Any) -> None:
         """A sync that sync-debug mode reported, made by the code of `frame` or above it."""
         site, stack, thread = self._where(frame)
-        self.collector.copy(direction="DtoH", sync=True, pinned=None,
-                            trigger=LIGHT_SYNC_TRIGGER, nbytes=0, host_ns=0, device_ns=0,
-                            site=site, stack=stack, producer=None, dst=None, thread=thread,
-                            at_ns=perf_counter_ns() - self.start_ns)
+        self.events.copy("DtoH", True, None, LIGHT_SYNC_TRIGGER, 0, 0, 0, site, stack, None,
+                         None, None, None, None, thread, perf_counter_ns() - self.start_ns)
 
     def wait(self, kind: str, ns: int, frame: Any) -> None:
         site, _, thread = self._where(frame)
-        self.collector.wait(kind, site, ns, thread)
+        self.events.wait(kind, site, ns, thread, perf_counter_ns() - self.start_ns)
 
     def copy(self, src: torch.Tensor, ns: int, frame: Any) -> None:
         """A copy into pageable host memory with non_blocking=True: the host waited."""
         site, stack, thread = self._where(frame)
-        self.collector.copy(direction="DtoH", sync=True, pinned=False, trigger="copy_",
-                            nbytes=src.nbytes, host_ns=ns, device_ns=0, site=site,
-                            stack=stack, producer=None, dst=None, shape=list(src.shape),
-                            dtype=str(src.dtype).replace("torch.", ""), thread=thread,
-                            at_ns=perf_counter_ns() - self.start_ns)
+        self.events.copy("DtoH", True, False, "copy_", src.nbytes, ns, 0, site, stack, None,
+                         src, None, list(src.shape), str(src.dtype).replace("torch.", ""),
+                         thread, perf_counter_ns() - self.start_ns)
 
     # ----- the wrapped calls -----
     def timed_call(self, ident: int, call: Callable, args: tuple,
@@ -292,7 +291,7 @@ class LightTracer:
         try:
             if self.device == "sim":
                 sim = self._sim = Tracer(device="sim", profile=self.profile,
-                                         command=self.command)
+                                         command=self.command, timeline_events=0)
                 sim.registers = False
                 sim.start()
                 stack.callback(self._stop_sim)
@@ -343,7 +342,7 @@ class LightTracer:
     def _build(self, end_ns: int) -> Trace:
         col = self.hooks.collector
         col.finish()
-        events, copies = col.event_rows(), col.copy_records()
+        events, copies, waits = col.event_rows(), col.copy_records(), col.wait_records()
         wall = end_ns - self._start_ns
         notes = list(LIGHT_NOTES)
         if self._sim is not None:
@@ -358,5 +357,7 @@ class LightTracer:
                     torch_version=torch.__version__, command=self.command,
                     memcpy_doctor_version=__version__, wall_ns=wall, untraced=notes,
                     light=True)
+        recorded = sum(c.calls for c in copies) + sum(w.calls for w in waits)
         return Trace(meta=meta, summary=summarize(wall, events, copies, peak), events=events,
-                     ops=[], copies=copies, waits=col.wait_records())
+                     ops=[], copies=copies, waits=waits,
+                     timeline=self.hooks.events.timeline(recorded))

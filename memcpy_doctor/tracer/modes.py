@@ -22,14 +22,15 @@ from ..core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_
 from .backward import arm
 from .optable import DATA_FACTORIES, METADATA_CALLS, TRIGGERS
 from .sim.marks import printed_bytes
-from .cuda import factory_handler
+from .context import UNRESOLVED, ThreadContext
+from .cuda import factory_handler, run_recorded
 from .perop import dispatcher
 from .sites import UNSET
-from .state import _NO_KWARGS, UNRESOLVED, TraceState
+from .tensors import NO_KWARGS
 
 
 class DispatchMode(TorchDispatchMode):
-    """Hands every aten op to its state's per-op path (perop.dispatcher), which torch calls
+    """Hands every aten op to its thread's per-op path (perop.dispatcher), which torch calls
     as this mode's `__torch_dispatch__`: torch looks the method up on the mode object (and
     checks that it is bound to it), so the closure, bound to the instance, is called with no
     Python frame in between.
@@ -48,17 +49,16 @@ class DispatchMode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True
 
-    def __init__(self, state: TraceState) -> None:
+    def __init__(self, state: ThreadContext, records: bool = True) -> None:
         super().__init__()
         self.state = state
-        state.dispatch_mode = self
-        dispatch = dispatcher(state)
+        dispatch = dispatcher(state, records)
         self.__torch_dispatch__ = types.MethodType(dispatch, self)
         dynamo_skip_frame(dispatch.__code__)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        raise AssertionError("replaced on each instance by its state's dispatcher")
+        raise AssertionError("replaced on each instance by its thread's dispatcher")
 
 
 #: What the function mode does with a Python-level call, decided once per callable.
@@ -77,7 +77,7 @@ class FunctionMode(TorchFunctionMode):
     """Sees Python-level torch calls; its `__torch_function__` is a closure bound to the
     instance (as DispatchMode's is), built by `_handler`."""
 
-    def __init__(self, state: TraceState, handlers: dict[Any, Callable]) -> None:
+    def __init__(self, state: ThreadContext, handlers: dict[Any, Callable]) -> None:
         super().__init__()
         self.state = state
         self.handlers = handlers
@@ -120,7 +120,7 @@ class FunctionMode(TorchFunctionMode):
 
         def __torch_function__(mode: Any, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
-            kwargs = _NO_KWARGS if kwargs is None else kwargs
+            kwargs = NO_KWARGS if kwargs is None else kwargs
             if state.suspended or is_dynamo_compiling():  # (Dynamo inlines this handler as it
                 if sim and not state.suspended:  # traces: the call alone, as without a mode;
                     func, args, kwargs = on_host(func, args, kwargs)  # for the sim's host)
@@ -231,7 +231,7 @@ def on_host(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
     return func, args, kwargs
 
 
-def common_handlers(state: TraceState) -> dict[Any, Callable]:
+def common_handlers(state: ThreadContext) -> dict[Any, Callable]:
     """Handlers both devices need."""
 
     def set_data(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -243,7 +243,7 @@ def common_handlers(state: TraceState) -> dict[Any, Callable]:
     return {torch.Tensor.data.__set__: set_data}
 
 
-def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
+def real_gpu_handlers(state: ThreadContext) -> dict[Any, Callable]:
     """On a real GPU, print() formats under torch's own `_disable_current_modes`, and the
     data factories copy under a guard that excludes Python dispatch, so the dispatch mode
     cannot see their copies; the function mode records them instead."""
@@ -259,7 +259,7 @@ def real_gpu_handlers(state: TraceState) -> dict[Any, Callable]:
                 state.trigger = prev
         site = state.here()
         t0 = perf_counter_ns()
-        result = state.run_recorded(func, args, kwargs)
+        result = run_recorded(state, func, args, kwargs)
         state.sync_copy("DtoH", "print", printed_bytes(t), t, site, perf_counter_ns() - t0)
         return result
 

@@ -87,7 +87,7 @@ class OpInfo:
     sync: SyncRule | None  # what it copies inside its device code (tracer/syncpoints.py)
     index: bool  # indexing: may read a mask or a host index tensor
     #: may copy between device and host inside its own code or its backward's (sync, index,
-    #: backward): takes the rarer step after the op (TraceState.after_op) when an input is on
+    #: backward): takes the rarer step after the op (opreads.after_op) when an input is on
     #: the device
     reads: bool
     mixed_ok: bool

@@ -1,19 +1,25 @@
 """The per-op path: what the dispatch mode runs for every aten op, forward and backward.
 
-It is the tracer's hot path (docs/benchmarks.md has what each part costs), so it is two
-closures over one run's state, with what stays fixed for the run bound once; an op costs one
-Python call beyond the op itself (the second closure):
+There is one, for every device: the simulated GPU (and host tensors, the benchmarked path),
+a real GPU, and the pytest plugin's session-wide simulated GPU, which records nothing. It is
+the tracer's hot path (docs/benchmarks.md has what each part costs), so it is two closures
+over one thread's context, with what stays fixed for the run bound once; on the simulated
+GPU an op costs one Python call beyond the op itself (the second closure):
 
 - `dispatcher` guards the op (no eval-frame callback, no torch function handling, nothing
-  while the tracer is suspended), then, on the simulated GPU (and for host tensors), runs its
-  first steps inline: the op's entry in the op table, its tensor inputs, which of them are
-  on the simulated device, its call site, the op itself, and where its outputs live.
-  A real GPU's op goes to the real GPU's own steps (tracer/cuda.py, `gpu_op`) instead.
-- `recorder` makes the closure both paths end with: the aggregate of (op, device, site, thread),
+  while the tracer is suspended), hands it to the compiled region the thread is in, if any
+  (tracer/regions.py), then runs the steps every device shares: the op's entry in the op
+  table, its tensor inputs, its call site, the op itself. Where devices differ, it calls
+  the device's own step: on the simulated GPU, which inputs are marked as the device's, the
+  error a GPU raises for mixed devices, the marks of the outputs (written inline: they run
+  on every op); on a real GPU, `GpuSteps` (tracer/cuda.py): inputs from `is_cuda`, a copy
+  between devices, the op timed by the wall clock and CUDA events.
+- `recorder` makes the closure it ends with: the aggregate of (op, device, site, thread),
   the bytes the op read and wrote with the op-graph edges from their producers, its time
   (on the simulated GPU modeled, host side included: docs/sim-time.md; on a real GPU the
-  host's measured time and CUDA events), and the
-  host waits the op makes when it reads device data (TraceState.after_op).
+  host's measured time and CUDA events), the op's event in the run's ordered record while
+  it has room (tracer/events.py: past its bound, one comparison), and the host waits the op
+  makes when it reads device data (tracer/opreads.py).
 
 The guard: torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable (about
 a microsecond an op); the mode opts out (modes.DispatchMode) and `dispatch` does the same job
@@ -33,10 +39,11 @@ import torch
 
 from ..core.torch_private import set_eval_frame
 from .collector import OpAgg
-from .cuda import gpu_op
+from .context import UNRESOLVED, ThreadContext
+from .cuda import GpuSteps
+from .opreads import after_op
 from .optable import DTYPE_CLASS, OP_INFO, op_info
-from .state import (_NO_KWARGS, UNRESOLVED, TraceState, names_cuda, tensor_args, tensors_out,
-                    with_kwarg_tensors)
+from .tensors import NO_KWARGS, names_cuda, tensor_args, tensors_out, with_kwarg_tensors
 
 Tensor = torch.Tensor
 
@@ -47,29 +54,33 @@ _DisableTorchFunction = torch._C.DisableTorchFunction
 _has_torch_function = torch._C._has_torch_function
 
 
-def dispatcher(state: TraceState) -> Callable[..., Any]:
-    """The dispatch mode's `__torch_dispatch__` for `state`: runs one aten op, records it."""
-    sim, timeline, record = state.sim, state.timeline, recorder(state)
-    resolve_from = state.sites.resolve_from
-    gpu = gpu_op(state, record) if sim is None else None
-    marks = sim.cuda_marks.refs if sim is not None else None
-    python_op_ns = state.profile.python_op_ns  # the program's own time per op (modeled)
-    marked_in = sim.cuda_marks.inputs if sim is not None else None
-    mark_outputs = sim.cuda_marks.mark_outputs if sim is not None else None
+def dispatcher(ctx: ThreadContext, records: bool = True) -> Callable[..., Any]:
+    """The dispatch mode's `__torch_dispatch__` for the thread of `ctx`: runs one aten op
+    and records it (with `records` False, only simulates the device: SessionSim's)."""
+    sim, resolve_from = ctx.sim, ctx.sites.resolve_from
+    record, gpu = recorder(ctx) if records else _unrecorded, GpuSteps(ctx) if sim is None else None
+    # the program's own time per op (modeled), on a clock nobody reads on a real GPU
+    clock = ctx.timeline if ctx.timeline is not None else _Unread()
+    python_op_ns = ctx.profile.python_op_ns
+    if not records:  # no site is looked for
+        ctx.call_site = None
+    cuda = sim.cuda_marks if sim is not None else None  # (the simulated device's marks)
+    marks, marked_in, mark_outputs = ((cuda.refs, cuda.inputs, cuda.mark_outputs)
+                                      if cuda is not None else (None, None, None))
 
     def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
                  kwargs: dict | None = None) -> Any:
         prior, disabled = set_eval_frame(None), None
         try:
-            kwargs = kwargs or _NO_KWARGS
-            if state.suspended:
+            kwargs = kwargs or NO_KWARGS
+            if ctx.suspended:
                 return func(*args, **kwargs)
             if _has_torch_function(args):
                 disabled = _DisableTorchFunction()
                 disabled.__enter__()
-            if gpu is not None:
-                return gpu(func, args, kwargs)
-            timeline.host_ns += python_op_ns  # the program's own time before this op
+            if ctx.region is not None:  # inside a compiled graph's call
+                return _in_region(ctx, dispatch, mode, func, types, args, kwargs)
+            clock.host_ns += python_op_ns  # 0. the program's own time before this op
             # 1. the op, and its tensor inputs (most often all its arguments, or the first)
             info = OP_INFO.get(id(func)) or op_info(func)
             for a in args:
@@ -78,32 +89,36 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
                     break
             else:
                 ins = args
-            forced = state.forced  # a simulated factory's outputs: on cuda (True) or host
+            forced = ctx.forced  # a simulated factory's outputs: on cuda (True) or host
             if kwargs:
                 ins = with_kwarg_tensors(ins, kwargs)
-                if names_cuda(kwargs.get("device")):  # a real cuda device reached an op
-                    if ins and info.short == "_to_copy":
+                if names_cuda(kwargs.get("device")):  # a cuda device reached an op
+                    if gpu is None and ins and info.short == "_to_copy":
                         return sim.dispatch_transfer(func, args, kwargs)
-                    kwargs, forced = {**kwargs, "device": _CPU}, True  # built on the host
+                    if gpu is None:  # the simulated GPU builds it on the host
+                        kwargs = {**kwargs, "device": _CPU}
+                    forced = True
             dev_in, any_dev = (), False  # 2. which inputs are on the simulated device
-            if marks:  # (none while no storage is marked)
+            if marks:  # (none while no storage is marked, and none on a real GPU)
                 dev_in = marked_in(ins)
                 any_dev = True in dev_in
                 if any_dev and False in dev_in and forced is None and sim.mixed(info, ins, dev_in):
                     return sim.dispatch_copy(func, args, kwargs)  # (from C++ code)
-            site = state.call_site  # 3. the call site: the function mode's, for a call into C++
+            site = ctx.call_site  # 3. the call site: the function mode's, for a call into C++
             if site is UNRESOLVED:
-                caller = state.call_frame  # such a call made from torch's code: its site,
+                caller = ctx.call_frame  # such a call made from torch's code: its site,
                 if caller is not None:  # found by its first op, once
-                    site = state.call_site = resolve_from(caller)
+                    site = ctx.call_site = resolve_from(caller)
                 else:  # a walk, or the backward() call's site
-                    site = state.op_site(2)
-            # 4. the op itself (its host time is modeled, in `record`)
+                    site = ctx.op_site(2)
+            if gpu is not None:  # 2 and 4-8 on a real GPU (timed by the clock and CUDA events)
+                return gpu.run(record, info, func, args, kwargs, ins, forced, site)
+            # 4. the op itself (its time is modeled, in `record`)
             out = info.call(*args, **kwargs) if kwargs else info.call(*args)
             outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
             # 5. the outputs' device (a factory in a composite op: that of its call's inputs)
             on_device = forced if forced is not None else any_dev if ins else (
-                state.call_args is not None and sim.any_cuda(*state.call_args))
+                ctx.call_args is not None and sim.any_cuda(*ctx.call_args))
             if on_device:  # new storages made on the device are marked
                 mark_outputs(outs)
             record(info, args, kwargs, ins, out, outs, dev_in, any_dev,
@@ -118,17 +133,44 @@ def dispatcher(state: TraceState) -> Callable[..., Any]:
     return dispatch
 
 
-def recorder(state: TraceState) -> Callable[..., None]:
-    """The last steps of both per-op paths: `record(...)` records one op that ran on `device`
-    (`dev_in`: which inputs `ins` are there; `host_ns`: measured, on a real GPU only), returns
-    its aggregate, or None for an op that is itself a copy (`item()`'s `_local_scalar_dense`)."""
-    sim, timeline, thread, profile = state.sim, state.timeline, state.thread, state.profile
+def _in_region(ctx: ThreadContext, dispatch: Callable[..., Any], mode: Any, func: Any,
+               types: Any, args: tuple, kwargs: dict) -> Any:
+    """An op a compiled graph's call dispatches (tracer/regions.py): its region sees it
+    before and after `dispatch` runs it."""
+    region = ctx.region
+    region.enter(args, kwargs)
+    ctx.region = None
+    try:
+        return dispatch(mode, func, types, args, kwargs)
+    finally:
+        ctx.region = region
+        region.leave(func)
+
+
+class _Unread:
+    """The modeled host clock a real GPU's per-op path advances, which nobody reads."""
+
+    __slots__ = ("host_ns",)
+
+    def __init__(self) -> None:
+        self.host_ns = 0
+
+
+def _unrecorded(*args: Any) -> None:
+    """The record step of a path that records nothing (SessionSim's)."""
+
+
+def recorder(ctx: ThreadContext) -> Callable[..., Any]:
+    """The per-op path's last steps: `record(...)` records an op (on a real GPU `host_ns` is
+    measured, `waited_ns` a wait inside it); returns its aggregate (None: a copy, `item()`)."""
+    sim, timeline, thread, profile = ctx.sim, ctx.timeline, ctx.thread, ctx.profile
     launch_ns, kernel_ns, host_cost = profile.launch_ns, profile.kernel_ns, profile.host_ns
-    col, fold_at = state.collector, OpAgg.FOLD_AT
+    col, fold_at, events = ctx.collector, OpAgg.FOLD_AT, ctx.events
     ops, producers, pending = col.ops, col.producers, col.pending
 
     def record(info: Any, args: tuple, kwargs: dict, ins: Any, out: Any, outs: Any,
-               dev_in: Any, any_dev: bool, device: str, site: Any, host_ns: int) -> Any:
+               dev_in: Any, any_dev: bool, device: str, site: Any, host_ns: int,
+               waited_ns: int = 0) -> Any:
         agg = None
         copy_is_op = any_dev and info.sync is not None and not info.kernel and dev_in[0]
         if not copy_is_op:
@@ -136,8 +178,7 @@ def recorder(state: TraceState) -> Callable[..., None]:
             key = (info.name, device, id(site), thread)
             agg = ops.get(key)
             if agg is None:
-                agg = col.new_op(key, info.name, device, site)
-                agg.launch_ns = launch_ns
+                agg = col.new_op(key, info.name, device, site, launch_ns)
             kernel = info.kernel
             try:
                 flops = info.flops(args, kwargs, outs) if kernel and info.flops is not None else 0
@@ -180,7 +221,7 @@ def recorder(state: TraceState) -> Callable[..., None]:
                     agg.model_host_ns = host_cost(flops, nbytes)
                 device_ns = agg.model_ns
                 agg.run_ns += agg.model_host_ns  # what it would cost on the host
-                # Timeline.enqueue written out (its call cost 420 instructions an op)
+                # Timeline.enqueue inlined (a call costs 420 instructions; test_costmodel)
                 host = timeline.host_ns = timeline.host_ns + launch_ns
                 start, host_ns = timeline.device_ns, launch_ns
                 timeline.device_ns = (host if host > start else start) + device_ns
@@ -190,11 +231,12 @@ def recorder(state: TraceState) -> Callable[..., None]:
                     agg.fold()
             agg.flops += flops
             agg.bytes += nbytes
-            if col.chrome is not None:
-                col.chrome_op(agg, host_ns, device_ns)
+            if events.room:  # the ordered record, while it has room
+                events.op(ctx, agg, kernel and device != "cpu", host_ns, device_ns, ins, outs)
         # 8. the copies an op makes inside its own code
         if any_dev and info.reads:
-            state.after_op(info, args, kwargs, out, site, host_ns if copy_is_op else 0)
+            after_op(ctx, info, args, kwargs, out, site,
+                     waited_ns or (host_ns if copy_is_op else 0))
         return agg
 
     return record

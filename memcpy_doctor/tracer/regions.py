@@ -24,7 +24,6 @@ node, at the `backward()` call's line.
 
 from __future__ import annotations
 
-import types
 from sys import _getframe
 from time import perf_counter_ns
 from typing import Any, Callable
@@ -33,8 +32,9 @@ import torch
 
 from ..core.compiled import GraphRecord
 from .optable import OP_INFO, OpInfo, op_info
+from .context import UNRESOLVED
 from .sites import UNSET
-from .state import UNRESOLVED, tensor_args, tensors_out, with_kwarg_tensors
+from .tensors import tensor_args, tensors_out, with_kwarg_tensors
 
 Tensor = torch.Tensor
 _DisableTorchFunction = torch._C.DisableTorchFunction
@@ -62,41 +62,42 @@ def _device_of(ins: list, dev_in: list) -> str:
     return f"cuda:{t.get_device()}" if t.is_cuda else "cuda:0"  # (the simulated GPU's: 0)
 
 
-def _in_region(plain: Callable, entry: list | None, reads: list | None,
-               mark_storages: Callable | None, state_here: Callable) -> Callable:
-    """The dispatch mode's handler inside a region: on the simulated GPU (`mark_storages`),
-    the tensors an op reads are marked as device memory first (if they are not yet); with
-    several host reads (`reads`), each op that reads the device from the host moves the
-    region's site (`entry[1]`) on to the next read's line, in the graph's order."""
-    taken = [0]
+class RegionScope:
+    """What the per-op path does with each op a compiled graph's call dispatches, while the
+    thread is inside the call (`ThreadContext.region`): on the simulated GPU
+    (`mark_storages`), the tensors the op reads are marked as device memory first (if they
+    are not yet); with several host reads (`reads`), each op that reads the device from the
+    host moves the region's site (`entry[1]`) on to the next read's line, in the graph's
+    order."""
 
-    def region_dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
-                        kwargs: dict | None = None) -> Any:
-        if state_here().suspended:
-            return plain(func, types, args, kwargs)
-        if mark_storages is not None:
-            with _DisableTorchFunction():
-                ins = tensor_args(args)
-                mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
-        try:
-            return plain(func, types, args, kwargs)
-        finally:
-            if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
-                taken[0] += 1
-                entry[1] = reads[min(taken[0], len(reads) - 1)]
+    __slots__ = ("entry", "reads", "mark_storages", "taken")
 
-    return region_dispatch
+    def __init__(self, entry: list | None, reads: list | None,
+                 mark_storages: Callable | None) -> None:
+        self.entry, self.reads, self.mark_storages = entry, reads, mark_storages
+        self.taken = 0
+
+    def enter(self, args: tuple, kwargs: dict) -> None:
+        """Before an op (with torch function handling off where it could see the reads)."""
+        if self.mark_storages is not None:
+            ins = tensor_args(args)
+            self.mark_storages(with_kwarg_tensors(ins, kwargs) if kwargs else ins)
+
+    def leave(self, func: Any) -> None:
+        """After an op, or its error."""
+        reads = self.reads
+        if reads is not None and (OP_INFO.get(id(func)) or op_info(func)).sync:
+            self.taken += 1
+            self.entry[1] = reads[min(self.taken, len(reads) - 1)]
 
 
-def swap_dispatch(state: Any, entry: list | None, reads: list | None,
-                  mark_storages: Callable | None, state_here: Callable) -> Callable:
-    """Put `_in_region`'s handler in place of the thread's dispatch handler; returns what
-    puts the thread's own back."""
-    mode = state.dispatch_mode
-    plain = mode.__torch_dispatch__
-    mode.__torch_dispatch__ = types.MethodType(
-        _in_region(plain, entry, reads, mark_storages, state_here), mode)
-    return lambda: setattr(mode, "__torch_dispatch__", plain)
+def enter_region(state: Any, entry: list | None, reads: list | None,
+                 mark_storages: Callable | None) -> Callable[[], None]:
+    """Put the thread of `state` (its ThreadContext) inside a region (RegionScope) until
+    the returned function is called."""
+    prev = state.region
+    state.region = RegionScope(entry, reads, mark_storages)
+    return lambda: setattr(state, "region", prev)
 
 
 def _record_step(records: dict[int, Any], recorder: Callable, state: Any) -> Callable:
@@ -109,17 +110,14 @@ def _record_step(records: dict[int, Any], recorder: Callable, state: Any) -> Cal
 
 def _add_inside(state: Any, agg: Any, extra: tuple[int, int] | None) -> None:
     """A steady call's row takes the time its traced calls modeled for the ops inside it
-    (`extra`: host ns, device ns), on the simulated GPU."""
+    (`extra`: host ns, device ns), on the simulated GPU; so does its event."""
     timeline = state.timeline
     if extra is not None and timeline is not None and agg is not None:
         inside_host, inside_device = extra
         timeline.host_ns += inside_host
         timeline.device_ns += inside_device
         agg.add_device(inside_device, agg.launch_ns + agg.model_ns)
-
-
-#: The code of every region's dispatch handler (one code object for all the closures)
-REGION_DISPATCH_CODE = _in_region(None, [], None, None, None).__code__
+        state.events.extend(agg, inside_host, inside_device)
 
 
 class Region:
@@ -183,7 +181,7 @@ class Region:
 class RegionRunner:
     """Runs one compiled graph as a region of the thread's trace (see the module's text).
 
-    `state_here()`: the calling thread's TraceState; `recorder(state)`: its per-op record
+    `state_here()`: the calling thread's ThreadContext; `recorder(state)`: its per-op record
     step (tracer/perop.py); `sim`: the simulated GPU or None; `calls_traced`: traced calls per
     input shapes before a quiet region goes steady (None: all)."""
 
@@ -231,9 +229,8 @@ class RegionRunner:
         mark = any_dev and marks is not None  # what the region still dispatches may
         walk = len(reads) > 1  # touch buffers Inductor made on the host (on a GPU,
         # device memory); a region with several host reads has each at its own line
-        put_back = swap_dispatch(state, entry, reads if walk else None,
-                                 marks.mark_outputs if mark else None,
-                                 self.state_here) if mark or walk else None
+        put_back = enter_region(state, entry, reads if walk else None,
+                                marks.mark_outputs if mark else None) if mark or walk else None
         watched = region.watch(state)
         t0 = perf_counter_ns()
         try:
@@ -310,7 +307,7 @@ class BackwardRunner:
             return self._finish(state, out, any_dev, device, host_ns, extra)
         region.traced_calls += 1
         watched = region.watch(state)
-        put_back = (swap_dispatch(state, None, None, marks.mark_outputs, self.state_here)
+        put_back = (enter_region(state, None, None, marks.mark_outputs)
                     if any_dev and marks is not None else None)
         t0 = perf_counter_ns()
         try:

@@ -9,19 +9,19 @@ answer from the marks.
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 from threading import get_ident
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from ...core.defaults import SYNC_DEBUG_WARNING
 from ...core.torch_private import TorchFunctionMode, _disable_current_modes, _parse_to
 from ..optable import DATA_FACTORIES
-from .marks import CPU, CUDA0, StorageMarks, _storage, normalize_device, printed_bytes
+from .marks import CPU, CUDA0, StorageMarks, normalize_device, printed_bytes
 from .torchlib import (ctc_loss_handler, host_factory_handler, host_outputs_handler,
                        one_hot_handler, tensors_in_data)
-from ..state import TraceState, tensors_in, tensors_out
+from ..context import ThreadContext
+from ..tensors import storage_of, tensors_in, tensors_out
 
 Tensor = torch.Tensor
 
@@ -77,14 +77,14 @@ class _AnswerDevice(TorchFunctionMode):
 class SimDevice:
     """One simulated CUDA device (cuda:0) for one tracer run."""
 
-    def __init__(self, state_factory: Callable[[SimDevice], TraceState]) -> None:
+    def __init__(self, state_factory: Callable[[SimDevice], ThreadContext]) -> None:
         self.cuda_marks = StorageMarks()
         self.pinned_marks = StorageMarks()
         #: torch.cuda.set_sync_debug_mode's level on this device: 0 default, 1 warn, 2 error
         self.sync_debug = 0
         self.main_state = state_factory(self)
-        #: the states of other traced threads, by thread ident (see Tracer.thread_modes)
-        self.thread_states: dict[int, TraceState] = {}
+        #: the contexts of other traced threads, by thread ident (see Tracer.thread_modes)
+        self.thread_states: dict[int, ThreadContext] = {}
         self.getters: dict[Any, Callable] = {
             Tensor.device.__get__: self._device,
             Tensor.is_cuda.__get__: self._is_cuda,
@@ -120,18 +120,18 @@ class SimDevice:
         }
 
     @property
-    def st(self) -> TraceState:
-        """The calling thread's state (the handlers run in whichever thread calls them)."""
+    def st(self) -> ThreadContext:
+        """The calling thread's context (the handlers run in whichever thread calls them)."""
         if self.thread_states:
             return self.thread_states.get(get_ident(), self.main_state)
         return self.main_state
 
     # ----- marks -----
     def on_device(self, t: Tensor) -> bool:
-        return self.cuda_marks.has(_storage(t))
+        return self.cuda_marks.has(storage_of(t))
 
     def mark_cuda(self, t: Tensor) -> None:
-        self.cuda_marks.add(_storage(t))
+        self.cuda_marks.add(storage_of(t))
 
     def mixed(self, info: Any, ins: list[Tensor], dev_in: list[bool]) -> bool:
         """An op over tensors on both devices: raise what a real GPU raises, unless the op
@@ -181,14 +181,9 @@ class SimDevice:
         elif self.sync_debug > 1:
             raise RuntimeError(SYNC_DEBUG_WARNING)
 
-    @contextmanager
-    def suspended(self) -> Iterator[None]:
-        prev = self.st.suspended
-        self.st.suspended = True
-        try:
-            yield
-        finally:
-            self.st.suspended = prev
+    def suspended(self) -> Any:
+        """The calling thread's work untraced until the block ends (ThreadContext.suspend)."""
+        return self.st.suspend()
 
     # ----- device queries -----
     def _device(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -204,7 +199,7 @@ class SimDevice:
         return 0 if self.on_device(args[0]) else func(*args, **kwargs)
 
     def _is_pinned(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        return self.pinned_marks.has(_storage(args[0]))
+        return self.pinned_marks.has(storage_of(args[0]))
 
     def _type(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if len(args) == 1 and not kwargs and self.on_device(args[0]):
@@ -305,18 +300,20 @@ class SimDevice:
         if dst_cuda:
             self.mark_cuda(out)
             direction = "HtoD"
-            pinned = self.pinned_marks.has(_storage(t))
+            pinned = self.pinned_marks.has(storage_of(t))
         else:
             direction = "DtoH"
             pinned = non_blocking  # torch copies into pinned memory when non_blocking
             if pinned:
-                self.pinned_marks.add(_storage(out))
+                self.pinned_marks.add(storage_of(out))
         self._record(direction, non_blocking, pinned, trigger, t, out, site)
         return out
 
     def _record(self, direction: str, non_blocking: bool, pinned: bool, trigger: str,
-                src: Tensor | None, dst: Tensor, site: Any, quiet: bool = False) -> None:
-        """`quiet`: a sync that sync-debug mode does not flag on a GPU (see `_copy_`)."""
+                src: Tensor | None, dst: Tensor, site: Any, quiet: bool = False,
+                into_existing: bool = False) -> None:
+        """`quiet`: a sync that sync-debug mode does not flag on a GPU (see `_copy_`);
+        `into_existing`: `dst` was there before (`copy_`)."""
         st, profile, tl = self.st, self.st.profile, self.st.timeline
         nbytes = dst.nbytes
         if nbytes == 0:  # torch skips the memcpy of an empty tensor
@@ -331,7 +328,7 @@ class SimDevice:
         else:  # non_blocking from pageable memory: async, but the host stages it
             sync, host_ns = False, tl.staged(profile.launch_ns, device_ns)
         st.record_copy(direction, sync, pinned, trigger, nbytes, host_ns, device_ns, site, src,
-                       dst, dst)
+                       dst, dst, into_existing)
         if src is not None:
             st.collector.inherit_producer(dst, src)
 
@@ -347,18 +344,19 @@ class SimDevice:
             func(dst, src, non_blocking)
         asked = non_blocking
         if self.on_device(dst):
-            direction, pinned = "HtoD", self.pinned_marks.has(_storage(src))
+            direction, pinned = "HtoD", self.pinned_marks.has(storage_of(src))
         else:
-            direction, pinned = "DtoH", self.pinned_marks.has(_storage(dst))
+            direction, pinned = "DtoH", self.pinned_marks.has(storage_of(dst))
             non_blocking = non_blocking and pinned  # into pageable memory the host waits
         # (PyTorch's non_blocking path, cudaMemcpyAsync, never calls warn_or_error_on_sync)
-        self._record(direction, non_blocking, pinned, "copy_", src, dst, site, quiet=asked)
+        self._record(direction, non_blocking, pinned, "copy_", src, dst, site, quiet=asked,
+                     into_existing=True)
         return dst
 
     def pin_tensor(self, t: Tensor) -> Tensor:
         """A pinned copy of a host tensor (untraced; safe from another thread)."""
         out = self.raw_copy(t, None, torch.contiguous_format)
-        self.pinned_marks.add(_storage(out))
+        self.pinned_marks.add(storage_of(out))
         return out
 
     def _pin_memory(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -417,7 +415,7 @@ class SimDevice:
             if cuda:
                 self.mark_cuda(o)
             if pin:
-                self.pinned_marks.add(_storage(o))
+                self.pinned_marks.add(storage_of(o))
         if copies and outs:
             self._record("HtoD", False, False, "factory",
                          data if isinstance(data, Tensor) else None, outs[0], site)

@@ -20,20 +20,12 @@ import torch
 
 from ...core.costmodel import DeviceProfile
 from ...core.defaults import PRINT_EDGEITEMS, PRINT_THRESHOLD
+from ..tensors import NO_STORAGE
 
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 
 
-#: What `untyped_storage()` raises for a tensor without a plain storage (sparse, nested, ...).
-NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
-
-
-def _storage(t: torch.Tensor) -> Any:
-    try:
-        return t.untyped_storage()
-    except NO_STORAGE:
-        return None  # sparse, nested or storage-less tensors: never marked
 
 
 class _StorageRef(weakref.ref):

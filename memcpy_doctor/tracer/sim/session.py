@@ -6,9 +6,10 @@ A tracer's simulated GPU exists only while the tracer runs; a test suite, though
 `SessionSim` puts the simulated GPU in place for as long as it is entered: torch.cuda answers
 as one GPU, and two light modes keep device marks on storages (sim/marks.py), answer device
 questions and turn `.to("cuda")` and `device="cuda"` factories into host work plus marks. They
-record nothing: no op aggregates, no call sites, no modeled time (the tracer's per-op path,
-tracer/perop.py, does all of that, and costs accordingly). Copies, which are rare, go through
-the simulated device's own transfer code, into a scratch record that nobody reads.
+record nothing: the dispatch mode runs the tracer's own per-op path (tracer/perop.py) with its
+recording steps off (no op aggregates, no call sites, no modeled time, which cost
+accordingly). Copies, which are rare, go through the simulated device's own transfer code,
+into a scratch record that nobody reads.
 
 A tracer started while a SessionSim is entered (the plugin's per-test tracer, or a user's
 `memcpy_doctor.profiler()`) takes over: the session's modes come off torch's mode stacks and
@@ -28,19 +29,16 @@ import torch
 
 from ...core.costmodel import load_profile
 from ...core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
-                                   dynamo_skip_frame, set_eval_frame)
-from ..optable import DATA_FACTORIES, METADATA_CALLS, OP_INFO, op_info
-from ..state import (_NO_KWARGS, TraceState, names_cuda, tensor_args, tensors_out,
-                     with_kwarg_tensors)
+                                   dynamo_skip_frame)
+from ..context import RunRecords, ThreadContext
+from ..optable import DATA_FACTORIES, METADATA_CALLS
+from ..perop import dispatcher
+from ..tensors import NO_KWARGS
 from . import marks as _marks
 from .autocast import cuda_autocast
 from .device import SimDevice
 from .torchlib import serialization, torch_patches
 
-Tensor = torch.Tensor
-_CPU = torch.device("cpu")
-_DisableTorchFunction = torch._C.DisableTorchFunction
-_has_torch_function = torch._C._has_torch_function
 
 #: The SessionSim now entered in this process, if any (at most one).
 _ENTERED: list[SessionSim] = []
@@ -56,7 +54,7 @@ class SessionSim:
 
     def __init__(self, profile: Any = None) -> None:
         self.profile = load_profile(profile)
-        self.sim = SimDevice(lambda s: TraceState(self.profile, s, None, 0))
+        self.sim = SimDevice(lambda s: RunRecords(self.profile, s, None).context())
         self._patches: ExitStack | None = None
         #: this thread's modes (function, dispatch), while they are on torch's stacks
         self._modes: tuple[Any, Any] | None = None
@@ -154,7 +152,7 @@ class SessionSim:
     def thread_modes(self, name: str) -> Iterator[None]:
         """Run the calling thread (one started while the session's GPU is in place) on it."""
         sim = self.sim
-        state = sim.main_state.sibling(name)
+        state = sim.main_state.run.context(name)
         ident = threading.get_ident()
         sim.thread_states[ident] = state
         function, dispatch = _modes(sim, state)
@@ -164,7 +162,7 @@ class SessionSim:
         finally:
             sim.thread_states.pop(ident, None)
 
-    def _push_modes(self, state: TraceState) -> tuple[Any, Any]:
+    def _push_modes(self, state: ThreadContext) -> tuple[Any, Any]:
         function, dispatch = _modes(self.sim, state)
         function.__enter__()
         try:
@@ -228,7 +226,7 @@ class _FunctionMode(TorchFunctionMode):
     them; every other call runs as it is, its arguments kept for the ops inside it (an op
     with no tensor inputs in a call over device tensors is on the device)."""
 
-    def __init__(self, sim: SimDevice, state: TraceState) -> None:
+    def __init__(self, sim: SimDevice, state: ThreadContext) -> None:
         super().__init__()
         handlers, factory, kinds = sim.handlers, sim.factory, {}
 
@@ -247,7 +245,7 @@ class _FunctionMode(TorchFunctionMode):
         def __torch_function__(mode: Any, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
             if kwargs is None:
-                kwargs = _NO_KWARGS
+                kwargs = NO_KWARGS
             if state.suspended:
                 return func(*args, **kwargs)
             try:
@@ -278,18 +276,18 @@ class _FunctionMode(TorchFunctionMode):
 
 
 class _DispatchMode(TorchDispatchMode):
-    """Every aten op: device marks from inputs to outputs, the error a GPU raises for mixed
-    devices, copies made by torch's C++ code; steps 1, 2, 4 and 5 of the tracer's per-op
-    path (tracer/perop.py), with nothing recorded. Opts out of torch's dynamo wrapper as the
+    """Every aten op, through the tracer's own per-op path (tracer/perop.py) with nothing
+    recorded: device marks from inputs to outputs, the error a GPU raises for mixed
+    devices, copies made by torch's C++ code. Opts out of torch's dynamo wrapper as the
     tracer's mode does (modes.DispatchMode)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
 
-    def __init__(self, sim: SimDevice, state: TraceState) -> None:
+    def __init__(self, state: ThreadContext) -> None:
         super().__init__()
-        dispatch = _dispatcher(sim, state)
+        dispatch = dispatcher(state, records=False)
         self.__torch_dispatch__ = types.MethodType(dispatch, self)
         dynamo_skip_frame(dispatch.__code__)
 
@@ -298,57 +296,8 @@ class _DispatchMode(TorchDispatchMode):
         raise AssertionError("replaced on each instance")
 
 
-def _dispatcher(sim: SimDevice, state: TraceState) -> Callable[..., Any]:
-    marks, marked_in = sim.cuda_marks.refs, sim.cuda_marks.inputs
-    mark_outputs = sim.cuda_marks.mark_outputs
-
-    def dispatch(mode: Any, func: Any, types: Any, args: tuple = (),
-                 kwargs: dict | None = None) -> Any:
-        prior, disabled = set_eval_frame(None), None
-        try:
-            kwargs = kwargs or _NO_KWARGS
-            if state.suspended:
-                return func(*args, **kwargs)
-            if _has_torch_function(args):
-                disabled = _DisableTorchFunction()
-                disabled.__enter__()
-            info = OP_INFO.get(id(func)) or op_info(func)
-            for a in args:
-                if not isinstance(a, Tensor):
-                    ins = args[:1] if info.lone_tensor else tensor_args(args)
-                    break
-            else:
-                ins = args
-            forced = state.forced
-            if kwargs:
-                ins = with_kwarg_tensors(ins, kwargs)
-                if names_cuda(kwargs.get("device")):
-                    if ins and info.short == "_to_copy":
-                        return sim.dispatch_transfer(func, args, kwargs)
-                    kwargs, forced = {**kwargs, "device": _CPU}, True
-            any_dev = False
-            if marks:
-                dev_in = marked_in(ins)
-                any_dev = True in dev_in
-                if any_dev and False in dev_in and forced is None and sim.mixed(info, ins, dev_in):
-                    return sim.dispatch_copy(func, args, kwargs)
-            out = info.call(*args, **kwargs) if kwargs else info.call(*args)
-            on_device = forced if forced is not None else any_dev if ins else (
-                state.call_args is not None and sim.any_cuda(*state.call_args))
-            if on_device:
-                mark_outputs((out,) if isinstance(out, Tensor) else tensors_out(out))
-            return out
-        finally:
-            if disabled is not None:
-                disabled.__exit__(None, None, None)
-            if prior is not None:
-                set_eval_frame(prior)
-
-    return dispatch
-
-
-def _modes(sim: SimDevice, state: TraceState) -> tuple[Any, Any]:
-    return _FunctionMode(sim, state), _DispatchMode(sim, state)
+def _modes(sim: SimDevice, state: ThreadContext) -> tuple[Any, Any]:
+    return _FunctionMode(sim, state), _DispatchMode(state)
 
 
 # ----- torch's mode stacks: a mode taken out from under others, and put back -----
