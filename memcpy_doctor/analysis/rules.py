@@ -1,12 +1,13 @@
 """Suggestions: small rule classes, one per kind of finding, each with the edit it proposes
 and the time it saves.
 
-A rule's docstring shows the code it catches. Savings are estimated by replaying the
-aggregated trace with the change through the cost model (`estimate_saving`): a removed sync
-copy gives back the host time it blocked, an op moved to the host costs what it took on the
-CPU (modeled by the host roofline on the simulated GPU, docs/sim-time.md) instead of its
-launch, and a device_guard edit costs what the guard itself does at run time. An edit that
-costs more than it saves is not proposed; none changes what the program computes.
+A rule's docstring shows the code it catches. Savings are estimated from the aggregated
+trace (`estimate_saving`), not by a replay of its timeline: a removed sync copy gives back the
+host time it blocked (its wait for the device included, which a device kept busy would not
+give back), an op moved to the host costs what it took on the CPU (modeled by the host
+roofline on the simulated GPU, docs/sim-time.md) instead of its launch, and a device_guard
+edit costs what the guard itself does at run time (the cost model's figures). An edit that
+costs more than it saves is not proposed.
 """
 
 from __future__ import annotations
