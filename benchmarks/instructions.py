@@ -9,21 +9,28 @@ be installed: `apt install valgrind`), plain, under the bare forwarding dispatch
 under memcpy-doctor (host tensors, and the simulated GPU, each end to end: tracing, then the
 trace and its report; and host tracing with the Python version of the producer table, which
 an install without a C compiler runs), and prints each mode's instructions per aten op beyond
-the plain run and the ratio to the bare mode's. Instructions are not time (a cache miss costs more than an
-add), but the tracer's overhead is interpreter work, which they follow closely.
+the plain run and the ratio to the bare mode's. Instructions are not time (a cache miss costs
+more than an add), but the tracer's overhead is interpreter work, which they follow closely.
+
+These modes trace with the trace's ordered timeline past its bound from the first op
+(`timeline_events=0`): what every op costs once the run's first events are kept, a run's
+steady state. What keeping an event costs is measured apart, on the simulated GPU with the
+default bound, which keeps every op of these workloads: the instructions each kept event adds,
+a cost per run (at most the bound's events), like the end of a run.
 
 Each part runs inside a different C iterator of itertools (starmap, filterfalse, dropwhile,
-takewhile, accumulate, compress, pairwise), which nothing else here uses, so callgrind's
---toggle-collect counts each part's instructions alone: the tracing of memcpy-doctor's modes,
-and apart from it the end of their runs (the trace built, then its report), a cost per run
-rather than per op. A first, uncounted round warms every mode up. About 4 minutes per
-workload on a 2-core machine.
+takewhile, accumulate, compress, pairwise, zip_longest, groupby), which nothing else here
+uses, so callgrind's --toggle-collect counts each part's instructions alone: the tracing of
+memcpy-doctor's modes, and apart from it the end of their runs (the trace built, then its
+report), a cost per run rather than per op. A first, uncounted round warms every mode up.
+About 5 minutes per workload on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+from inspect import signature
 import os
 import pathlib
 import re
@@ -38,7 +45,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 TOGGLES = {"plain": "starmap_next", "bare": "filterfalse_next",
            "memcpy-doctor (host)": "dropwhile_next", "memcpy-doctor (sim)": "takewhile_next",
            "end (host)": "accumulate_next", "end (sim)": "compress_next",
-           "host, Python table": "pairwise_next"}
+           "host, Python table": "pairwise_next", "sim, timeline kept": "zip_longest_next",
+           "end (sim, timeline kept)": "groupby_next"}
 #: Iterations per workload: fewer than benchmarks/run.py's, as callgrind runs 50x slower.
 ITERS = {"small-ops": 1000, "transformer": 8, "generate": 100}
 
@@ -64,10 +72,14 @@ def measure(workload: str) -> None:
         with bench.Forwarding():
             fn("cpu", iters)
 
-    def traced(device, table=None):
+    def traced(device, table=None, kept=False):
         """The two parts of a memcpy-doctor run: start and trace; end (trace and report).
-        With `table`, the tracer's producer table is that class."""
-        run = memcpy_doctor.profiler(device="sim")
+        With `table`, the tracer's producer table is that class; with `kept`, the trace's
+        timeline has its default bound (else none: every op past it)."""
+        # (a package older than the timeline has none: its profiler takes no bound)
+        bounded = "timeline_events" in signature(memcpy_doctor.profiler).parameters
+        run = memcpy_doctor.profiler(device="sim", **(
+            {"timeline_events": 0} if bounded and not kept else {}))
         started = []
 
         def start_and_trace(*_):
@@ -88,11 +100,14 @@ def measure(workload: str) -> None:
     host, host_end = traced("cpu")
     sim, sim_end = traced("cuda")
     py_host, py_host_end = traced("cpu", PyProducerTable)
-    for part in (plain, bare, host, host_end, sim, sim_end, py_host, py_host_end):
+    kept, kept_end = traced("cuda", kept=True)
+    for part in (plain, bare, host, host_end, sim, sim_end, py_host, py_host_end, kept,
+                 kept_end):
         part()
     host, host_end = traced("cpu")
     sim, sim_end = traced("cuda")
     py_host, py_host_end = traced("cpu", PyProducerTable)
+    kept, kept_end = traced("cuda", kept=True)
     list(itertools.starmap(plain, [()]))
     list(itertools.filterfalse(bare, [0]))
     list(itertools.dropwhile(host, [0]))
@@ -101,6 +116,8 @@ def measure(workload: str) -> None:
     list(itertools.compress((sim_end() for _ in [0]), [1]))
     list(itertools.pairwise(py_host() if i == 0 else None for i in range(2)))
     py_host_end()
+    list(itertools.zip_longest(kept() for _ in [0]))
+    list(itertools.groupby([0], key=lambda _: kept_end()))
     print(bench.count_ops(fn, iters))
 
 
@@ -148,7 +165,8 @@ def count(workload: str) -> None:
     ops = int(stdout.split()[-1])
     plain = counts[TOGGLES["plain"]]
     bare = counts[TOGGLES["bare"]] - plain
-    print(f"\n{workload}: {ops} aten ops per run; instructions per op")
+    print(f"\n{workload}: {ops} aten ops per run; instructions per op (every op past the "
+          "timeline's bound)")
     print(f"  {'mode':<24}{'total':>10}{'overhead':>10}{'x bare overhead':>17}")
     for mode in ("plain", "bare", "memcpy-doctor (host)", "memcpy-doctor (sim)"):
         over = counts[TOGGLES[mode]] - plain
@@ -162,6 +180,11 @@ def count(workload: str) -> None:
         whole = counts[TOGGLES[f"memcpy-doctor ({where})"]] - plain + end
         print(f"  end of the {where} run (trace and report): {end / 1e6:.1f} M instructions, "
               f"{end / ops:.0f} per op of this run; end to end {whole / bare:.3f}x bare")
+    kept = counts[TOGGLES["sim, timeline kept"]] - counts[TOGGLES["memcpy-doctor (sim)"]]
+    kept_end = counts[TOGGLES["end (sim, timeline kept)"]] - counts[TOGGLES["end (sim)"]]
+    print(f"  the timeline, every op kept (sim): {kept / ops:.0f} instructions per kept event "
+          f"while tracing, {kept_end / ops:.0f} more at the end; a run keeps at most "
+          "the bound's events")
 
 
 def main() -> None:
