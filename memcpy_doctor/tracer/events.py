@@ -2,8 +2,8 @@
 
 The aggregates (tracer/collector.py) are what the trace is made of, and they are filled for
 every event. What they throw away is the order, which explain's replay and the race checker
-need: so the sink also keeps each event as an `Event` (its thread, stream, host and device
-spans, the storages it read and wrote) in the order the events happened, up to a bound
+need: so the sink also keeps each event (an `Event` tuple: its thread, stream, host and
+device spans, the storages it read and wrote) in the order the events happened, up to a bound
 (`keep`, core/defaults.TIMELINE_EVENTS), and hands each one to its subscribers: the Chrome
 log of `profile --chrome-trace` (tracer/chrome.py) and the transfer log of
 `--log-transfers` (tracer/transfers.py). The trace's `timeline` is the kept events.
@@ -28,8 +28,8 @@ from .tensors import NO_STORAGE
 #: The kinds of events.
 OP, COPY, WAIT = "op", "copy", "wait"
 
-#: An event is a tuple (an object of its own, and lists, would cost the per-op path more,
-#: and the garbage collector would walk the kept ones on every full collection): its fields.
+#: An event is a tuple (of plain values, which the garbage collector stops tracking; an
+#: object of its own would cost the per-op path more to make and keep): its fields.
 #: The handle is its aggregate, from which the trace names it: an op's OpAgg by id (it lives
 #: as long as the run), a copy's PendingCopy, a wait's key. Times are ns on the host's clock
 #: from the run's start (modeled on the simulated GPU); the device span is None for host
