@@ -46,6 +46,7 @@ from .sim.device import SimDevice
 from .sim.session import session_sim
 from .sim.autocast import cuda_autocast
 from .sim.torchlib import serialization, torch_patches
+from .patches import Patch, start_under
 from .transfers import TransferLog
 
 _active_lock = threading.Lock()
@@ -79,28 +80,6 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: torch sees no CUDA device here (use --device sim)")
     return device
-
-
-class _Patch:
-    """Set attributes for the tracer's lifetime, restoring the originals on exit."""
-
-    def __init__(self, patches: list[tuple[Any, str, Any]]) -> None:
-        self.patches = patches
-        self.saved: list[tuple[Any, str, Any, bool]] = []
-
-    def __enter__(self) -> None:
-        for obj, name, value in self.patches:
-            had = name in vars(obj)
-            self.saved.append((obj, name, vars(obj).get(name), had))
-            setattr(obj, name, value)
-
-    def __exit__(self, *exc: Any) -> None:
-        for obj, name, value, had in reversed(self.saved):
-            if had:
-                setattr(obj, name, value)
-            else:
-                delattr(obj, name)
-        self.saved.clear()
 
 
 class Tracer:
@@ -173,7 +152,7 @@ class Tracer:
                 _sim._ACTIVE["sim"] = sim
                 stack.callback(_sim._ACTIVE.clear)
                 autocast = stack.enter_context(cuda_autocast(sim))
-                sim_patch = _Patch(
+                sim_patch = Patch(
                     [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]
                     + [(torch.accelerator, k, v)
                        for k, v in _sim.accelerator_patches(sim).items()]
@@ -186,13 +165,13 @@ class Tracer:
                 state = RunRecords(self.profile, None, CudaTimer(),
                                    self.timeline_events).context()
                 handlers = self._handlers(state)
-                stack.enter_context(_Patch(wait_patches(self._state_here)))
+                stack.enter_context(Patch(wait_patches(self._state_here)))
                 stack.enter_context(SyncHooks(self._waiting_state))  # inside C++ code
                 self._peaks_before = device_peaks()
             self._state = state
             self._subscribe(state.events)
-            stack.enter_context(_Patch([(threading.Thread, "start",
-                                         _traced_start(self))]))
+            stack.enter_context(Patch([(threading.Thread, "start",
+                                        start_under(self.thread_modes))]))
             stack.callback(state.halt)  # a mode left on the stack does nothing more
             stack.enter_context(FunctionMode(state, handlers))
             stack.enter_context(DispatchMode(state))
@@ -221,12 +200,12 @@ class Tracer:
             self.chrome = ChromeLog(self.chrome_events)
             events.subscribe(self.chrome, self.chrome_events)
 
-    def _watch_compiles(self, stack: ExitStack, sim_patch: _Patch | None) -> CompileWatch | None:
+    def _watch_compiles(self, stack: ExitStack, sim_patch: Patch | None) -> CompileWatch | None:
         """Keep torch.compile's code compiled while tracing (tracer/compiled.py); None on a
         torch that cannot (compiled functions then run eagerly, op by op)."""
         hooks = compile_hooks()
         if hooks is None:  # compiled functions run eagerly: count the compiles
-            stack.enter_context(_Patch([(torch, "compile", _counted(torch.compile,
+            stack.enter_context(Patch([(torch, "compile", _counted(torch.compile,
                                                                    self._compiles_asked))]))
             return None
         lift = restore = None
@@ -383,29 +362,3 @@ def _counted(compile_: Callable, count: list[int]) -> Callable:
         return compile_(*args, **kwargs)
 
     return compile
-
-
-def _traced_start(tracer: Tracer) -> Any:
-    """Thread.start, running the thread under the tracer (see Tracer.thread_modes)."""
-    original = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        run = self.run
-        own = "run" in vars(self)  # set on the instance, not the class's method
-
-        def traced_run() -> None:
-            try:
-                with tracer.thread_modes(self.name):
-                    run()
-            finally:  # the thread's own run again; no reference to the tracer left
-                if own:
-                    self.run = run
-                else:
-                    del self.run
-
-        self.run = traced_run
-        original(self)
-
-    return start
-
-

@@ -47,10 +47,11 @@ from ..core.defaults import (DEFAULT_DEVICE, LIGHT_SYNC_NOTE, LIGHT_SYNC_TRIGGER
                              SYNC_DEBUG_WARNING, TIMELINE_EVENTS)
 from ..core.summary import summarize
 from ..core.trace import Meta, Trace
-from . import Tracer, _active, _Patch, check_device, register
+from . import Tracer, _active, check_device, register
 from .collector import Collector
 from .cuda import device_peaks, measured_peak
 from .events import EventRecord
+from .patches import Patch
 from .sites import SiteResolver
 
 _getframe = sys._getframe
@@ -223,7 +224,7 @@ class LightHooks:
             warnings.filters.insert(0, self._filter)
             filters_changed()
             stack.callback(self._remove_filter)
-            stack.enter_context(_Patch(self.patches()))
+            stack.enter_context(Patch(self.patches()))
         except BaseException:
             stack.close()
             raise

@@ -31,6 +31,7 @@ from ...core.costmodel import load_profile
 from ...core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
                                    dynamo_skip_frame)
 from ..context import RunRecords, ThreadContext
+from ..patches import Patch, start_under
 from ..optable import DATA_FACTORIES, METADATA_CALLS
 from ..perop import dispatcher
 from ..tensors import NO_KWARGS
@@ -135,12 +136,12 @@ class SessionSim:
         _marks._ACTIVE["sim"] = sim
         stack.callback(_marks._ACTIVE.clear)
         autocast = stack.enter_context(cuda_autocast(sim))
-        stack.enter_context(_patched(
+        stack.enter_context(Patch(
             [(torch.cuda, k, v) for k, v in _marks.cuda_patches(sim, self.profile).items()]
             + [(torch.accelerator, k, v) for k, v in _marks.accelerator_patches(sim).items()]
             + [_marks.pin_memory_patch(sim)] + _marks.memory_stats_patches(sim)
             + torch_patches(sim) + autocast
-            + [(threading.Thread, "start", _thread_start(self))]))
+            + [(threading.Thread, "start", start_under(self.thread_modes))]))
         stack.enter_context(serialization(sim))
 
     def _undo(self) -> None:
@@ -171,49 +172,6 @@ class SessionSim:
             function.__exit__(None, None, None)
             raise
         return function, dispatch
-
-
-@contextmanager
-def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Set attributes until the block ends, then put back the originals (or remove what was
-    only inherited); tracer/__init__'s _Patch, which cannot be imported here: that module
-    imports this one."""
-    saved: list[tuple[Any, str, Any, bool]] = []
-    try:
-        for obj, name, value in patches:
-            saved.append((obj, name, vars(obj).get(name), name in vars(obj)))
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value, had in reversed(saved):
-            if had:
-                setattr(obj, name, value)
-            else:
-                delattr(obj, name)
-
-
-def _thread_start(session: SessionSim) -> Callable[[threading.Thread], None]:
-    """Thread.start, running the thread on the session's simulated GPU (as the tracer's
-    _traced_start runs one under the tracer)."""
-    original = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        run, own = self.run, "run" in vars(self)
-
-        def run_on_device() -> None:
-            try:
-                with session.thread_modes(self.name):
-                    run()
-            finally:  # the thread's own run again; no reference to the session left
-                if own:
-                    self.run = run
-                else:
-                    del self.run
-
-        self.run = run_on_device
-        original(self)
-
-    return start
 
 
 # ----- the light modes -----
