@@ -345,12 +345,10 @@ class Tracer:
         if self._transfers is not None and self._transfers.dropped:
             meta.untraced.append(f"transfer log: {self._transfers.dropped} transfers after the "
                                  f"first {len(transfers)} are counted but not logged")
-        recorded = (sum(o.calls for o in ops) + sum(c.calls for c in copies)
-                    + sum(w.calls for w in waits))
         return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
                      ops=ops, copies=copies, waits=waits, flows=col.flow_records(),
                      transfers=transfers, compile=self._compile_info(copies),
-                     timeline=state.events.timeline(recorded))
+                     timeline=state.events.timeline(ops, copies, waits))
 
 
 def _counted(compile_: Callable, count: list[int]) -> Callable:

@@ -44,8 +44,8 @@ class ChromeLog:
             category, name = "memcpy", copy_event_name(direction, sync)
             args = {"bytes": handle.nbytes, "trigger": trigger, "site": str(site)}
         else:
-            kind, site, _ = handle
-            category, name, args = "wait", f"HostWait:{kind}", {"site": str(site)}
+            wait_kind, site, _ = handle
+            category, name, args = "wait", f"HostWait:{wait_kind}", {"site": str(site)}
         host_start, device_start, device_end = (event[HOST_START], event[DEVICE_START],
                                                 event[DEVICE_END])
         self.events.append((category, name, host_start, event[HOST_END] - host_start,

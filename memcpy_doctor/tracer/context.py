@@ -139,7 +139,7 @@ class ThreadContext:
         """The program's own time before an event the tracer records itself (a transfer, a
         wait), on the simulated timeline: modeled as before an op (docs/sim-time.md)."""
         if self.timeline is not None:
-            self.timeline.host_ns += self.profile.python_op_ns
+            self.timeline.host(self.profile.python_op_ns)
 
     def clock_ns(self) -> int:
         """The host's clock from the run's start: modeled on the simulated GPU, else wall."""

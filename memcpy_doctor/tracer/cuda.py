@@ -69,10 +69,9 @@ def run_recorded(ctx: Any, func: Any, args: tuple, kwargs: dict) -> Any:
 
 class GpuSteps:
     """The real GPU's own steps of the per-op path (tracer/perop.py) for one thread
-    context: which inputs are on the device (`inputs`), a copy between devices (`copy`),
-    and the op run, timed and recorded (`run`). An op that launches device work is timed by
-    CUDA events around it; a host wait inside it (reported by cuda_hooks.SyncHooks) is
-    timed to its return."""
+    context (`run`): which inputs are on the device, a copy between devices, and the op run,
+    timed and recorded. An op that launches device work is timed by CUDA events around it;
+    a host wait inside it (reported by cuda_hooks.SyncHooks) is timed to its return."""
 
     __slots__ = ("ctx", "timer", "waits", "events")
 

@@ -196,9 +196,12 @@ class EventRecord:
                 None if e[DEVICE_END] is None else e[DEVICE_END] + device_ns)) + e[READS:]
 
     # ----- the end -----
-    def timeline(self, recorded: int) -> EventTimeline:
+    def timeline(self, ops: list, copies: list, waits: list) -> EventTimeline:
         """The kept events as the trace has them, each naming its row in the records the
-        collector makes once finished; `recorded`: how many events the run recorded."""
+        collector made once finished (`ops`, `copies`, `waits`: each record is as many
+        events as it has calls, which `dropped` counts past the kept ones)."""
+        recorded = (sum(o.calls for o in ops) + sum(c.calls for c in copies)
+                    + sum(w.calls for w in waits))
         index, spans, out = self.collector.record_index, self._spans, []
         for i, (kind, handle, thread, stream, host_start, host_end, device_start,
                 device_end, reads, writes) in enumerate(self.events):

@@ -28,12 +28,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ...core.costmodel import load_profile
-from ...core.torch_private import (TorchDispatchMode, TorchFunctionMode, default_device_type,
-                                   dynamo_skip_frame)
+from ...core.torch_private import TorchFunctionMode, default_device_type
 from ..context import RunRecords, ThreadContext
 from ..patches import Patch, start_under
 from ..optable import DATA_FACTORIES, METADATA_CALLS
-from ..perop import dispatcher
+from ..modes import DispatchMode
 from ..tensors import NO_KWARGS
 from . import marks as _marks
 from .autocast import cuda_autocast
@@ -233,25 +232,18 @@ class _FunctionMode(TorchFunctionMode):
         raise AssertionError("replaced on each instance")
 
 
-class _DispatchMode(TorchDispatchMode):
-    """Every aten op, through the tracer's own per-op path (tracer/perop.py) with nothing
-    recorded: device marks from inputs to outputs, the error a GPU raises for mixed
-    devices, copies made by torch's C++ code. Opts out of torch's dynamo wrapper as the
-    tracer's mode does (modes.DispatchMode)."""
+class _DispatchMode(DispatchMode):
+    """The tracer's dispatch mode (the one per-op path, tracer/perop.py) with its recording
+    steps off: device marks from inputs to outputs, the error a GPU raises for mixed devices,
+    copies made by torch's C++ code. Unlike the tracer's, it leaves torch.compile's internals
+    under the mode, as the session's GPU always has."""
 
     @classmethod
-    def _should_skip_dynamo(cls) -> bool:
+    def ignore_compile_internals(cls) -> bool:
         return False
 
     def __init__(self, state: ThreadContext) -> None:
-        super().__init__()
-        dispatch = dispatcher(state, records=False)
-        self.__torch_dispatch__ = types.MethodType(dispatch, self)
-        dynamo_skip_frame(dispatch.__code__)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        raise AssertionError("replaced on each instance")
+        super().__init__(state, records=False)
 
 
 def _modes(sim: SimDevice, state: ThreadContext) -> tuple[Any, Any]:
