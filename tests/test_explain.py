@@ -253,6 +253,30 @@ def test_a_line_edit_is_made_only_where_the_line_still_reads_the_same(prog):
     assert {ln for _, _, ln in step.co_lines() if ln} == {4, 5, 6, 7, 8, 9, 10}
 
 
+def test_a_line_edit_may_add_lines_and_keeps_every_other_line_number(tmp_path):
+    path = str(tmp_path / "p.py")
+    with open(path, "w") as f:
+        f.write("import torch\nfor i in range(2):\n    c = torch.ones(3)\n    y = c + i\n")
+    edits = [LineEdit(path, 2, "for i in range(2):", "c = torch.ones(3)\nfor i in range(2):"),
+             LineEdit(path, 3, "    c = torch.ones(3)", "    pass")]
+    code, missed = apply_edits(open(path, "rb").read(), path, edits)
+    assert missed == []
+    lines = {ln for _, _, ln in code.co_lines() if ln}
+    assert lines == {1, 2, 3, 4}  # the added statement runs as line 2, the loop's body as 3, 4
+    scope: dict = {}
+    exec(code, scope)
+    assert scope["y"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_load_edits_reads_a_suggestion_of_several_line_edits(tmp_path):
+    good = tmp_path / "s.json"
+    good.write_text(json.dumps({"suggestions": [{"apply": {"kind": "lines", "edits": [
+        {"file": "/a.py", "line": 3, "old": "x", "new": "y"},
+        {"file": "/a.py", "line": 9, "old": "u", "new": "v\nw"}]}}]}))
+    assert load_edits(str(good)) == [LineEdit("/a.py", 3, "x", "y"),
+                                     LineEdit("/a.py", 9, "u", "v\nw")]
+
+
 def test_compare_shows_the_removed_paths(prog, tmp_path):
     before = bounce_trace(prog)
     after = bounce_trace(prog)

@@ -117,6 +117,33 @@ def _line_change(site: Site, cwd: str | None,
         "old": old[site.line - 1].rstrip("\r\n"), "new": new_line.rstrip("\r\n")}
 
 
+def lines_change(file: str, new_lines: dict[int, str], cwd: str | None) -> LineChange | None:
+    """One edit of several lines of `file`: line n (1-based) to read `new_lines[n]` (one or
+    more lines, each without its newline; an empty text deletes the line from the diff and
+    leaves a blank statement-free line for `--apply`). Its diff, and `--apply`'s entry of
+    kind "lines". None when the file cannot be read here or a line is past its end."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            old = f.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not new_lines or max(new_lines) > len(old) or min(new_lines) < 1:
+        return None
+    new = list(old)
+    edits = []
+    for n in sorted(new_lines, reverse=True):  # bottom up: earlier numbers stay valid
+        ending = old[n - 1][len(old[n - 1].rstrip("\r\n")):] or "\n"
+        text = new_lines[n]
+        new[n - 1:n] = [] if text == "" else [ln + ending for ln in text.split("\n")]
+        edits.append({"file": file, "line": n, "old": old[n - 1].rstrip("\r\n"),
+                      "new": text})
+    return unified_diff(file, old, new, cwd), {"kind": "lines", "edits": edits[::-1]}
+
+
+def indent_of(line: str) -> str:
+    return line[:len(line) - len(line.lstrip())]
+
+
 def _the_call(line: str, end_col: int | None) -> re.Match | None:
     """The one transfer call on `line` that made a copy: the one ending at `end_col` when the
     trace knows it, else the only one on the line (none when there are several)."""

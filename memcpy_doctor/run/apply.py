@@ -2,9 +2,11 @@
 
 The file on disk is never changed. Two kinds of edit: a device_guard edit wraps the statement
 at a line in `with memcpy_doctor.device_guard(DEVICE):` (in the syntax tree); a line edit
-replaces one line's text with another (`non_blocking=True` added, a `.to(device)` dropped),
-only where the line still reads as it did. Either way the code is compiled with the original
-line numbers, so the re-profile reports the same lines as before.
+replaces one line's text with one or more lines (`non_blocking=True` added, a `.to(device)`
+dropped, a statement put before a loop), only where the line still reads as it did; a
+suggestion's `"kind": "lines"` holds several. Either way the code is compiled with the
+original line numbers (lines a line edit adds take the number of the line they replace), so
+the re-profile reports the same lines as before.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class GuardEdit:
 
 @dataclass(frozen=True)
 class LineEdit:
-    """Line `line` of `file`, which reads `old`, to read `new` (each without its newline)."""
+    """Line `line` of `file`, which reads `old`, to read `new` (without its last newline;
+    several lines where `new` holds newlines)."""
 
     file: str
     line: int
@@ -56,10 +59,11 @@ def load_edits(path: str) -> list[Edit]:
     edits = []
     for item in items:
         spec = item.get("apply", item) if isinstance(item, dict) else None
-        if isinstance(spec, dict) and spec.get("kind") == "line":
+        if isinstance(spec, dict) and spec.get("kind") in ("line", "lines"):
+            specs = spec.get("edits") if spec["kind"] == "lines" else [spec]
             try:
-                edits.append(LineEdit(os.path.abspath(str(spec["file"])), int(spec["line"]),
-                                      str(spec["old"]), str(spec["new"])))
+                edits += [LineEdit(os.path.abspath(str(e["file"])), int(e["line"]),
+                                   str(e["old"]), str(e["new"])) for e in specs]
             except (KeyError, TypeError, ValueError):
                 raise ApplyError(f"{path}: a line edit without file, line, old and new") \
                     from None
@@ -110,10 +114,12 @@ class _Wrap(ast.NodeTransformer):
 def apply_edits(source: bytes, path: str, edits: list[Edit]) -> tuple[Any, list[Edit]]:
     """The script's code with the edits for `path` applied, and the edits it could not apply
     (another file, no statement starting at that line, or a line that reads otherwise)."""
-    source, missed_lines = _replace_lines(source, path,
-                                          [e for e in edits if isinstance(e, LineEdit)])
+    source, missed_lines, numbers = _replace_lines(
+        source, path, [e for e in edits if isinstance(e, LineEdit)])
     edits = [e for e in edits if isinstance(e, GuardEdit)]
     tree = ast.parse(source, filename=path)
+    if numbers is not None:
+        _renumber(tree, numbers)
     starts: dict[GuardEdit, int] = {}
     for e in edits:
         span = statement_span(tree, e.line) if e.file == path else None
@@ -125,11 +131,12 @@ def apply_edits(source: bytes, path: str, edits: list[Edit]) -> tuple[Any, list[
     return compile(tree, path, "exec", dont_inherit=True), missed_lines + missed
 
 
-def _replace_lines(source: bytes, path: str,
-                   edits: list[LineEdit]) -> tuple[bytes, list[LineEdit]]:
-    """`source` with the line edits for `path` made, and those that could not be."""
+def _replace_lines(source: bytes, path: str, edits: list[LineEdit]
+                   ) -> tuple[bytes, list[LineEdit], list[int] | None]:
+    """`source` with the line edits for `path` made, those that could not be, and the
+    original number of each line of the result (None: the same lines)."""
     if not edits:
-        return source, []
+        return source, [], None
     lines = source.decode("utf-8").splitlines(keepends=True)
     missed = []
     for e in edits:
@@ -142,4 +149,17 @@ def _replace_lines(source: bytes, path: str,
             missed.append(e)
             continue
         lines[e.line - 1] = e.new + text[len(body):]
-    return "".join(lines).encode("utf-8"), missed
+    numbers = [n for n, text in enumerate(lines, 1)
+               for _ in range(text.rstrip("\r\n").count("\n") + 1)]
+    return "".join(lines).encode("utf-8"), missed, numbers
+
+
+def _renumber(tree: ast.AST, numbers: list[int]) -> None:
+    """Give every node of `tree` the original line number of its line (`numbers[i - 1]` for
+    line i), so that a line edit that added lines moves no site."""
+    last = len(numbers)
+    for node in ast.walk(tree):
+        for attr in ("lineno", "end_lineno"):
+            n = getattr(node, attr, None)
+            if n is not None:
+                setattr(node, attr, numbers[min(n, last) - 1])
