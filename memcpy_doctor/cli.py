@@ -308,9 +308,11 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
             if execution_traces:
                 raise UsageProblem("--execution-trace goes with torch.profiler TRACES, not "
                                    "--verify (which profiles SCRIPT itself)")
+            from .render.explain import render_verification
             checked = verify(verify_script, list(traces), device, cwd)
-            click.echo(render_explain(checked.explanation, checked.kept, fmt, cwd,
-                                      checked.dropped, checked.not_worth_it), nl=False)
+            click.echo(render_verification(checked.explanation, checked.kept, checked.tried,
+                                           checked.dropped, checked.not_worth_it, fmt, cwd),
+                       nl=False)
             return
         loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
         if log:

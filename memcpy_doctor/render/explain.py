@@ -86,22 +86,58 @@ def _setup_lines(chains: list[Chain], cwd: str | None) -> list[str]:
 
 
 def _verified(v: Any) -> str:
+    """What `explain --verify`'s re-run measured (a run/verify.Verified), in one line."""
     (calls_b, calls_a), (total_b, total_a) = v.sync_calls, v.total_ns
-    return (f"{v.verdict} by a re-run with the edit: sync calls {calls_b} -> {calls_a}, "
-            f"total {_ms(total_b)} -> {_ms(total_a)}")
+    total = f"total {_ms(total_b)} -> {_ms(total_a)}"
+    if v.helped:
+        total = f"saves {_ms(v.saving_ns)} ({total})"
+    return (f"{v.outcome} by a re-run with the edit: sync calls {calls_b} -> {calls_a}, "
+            f"{total}{f'; {v.note}' if v.note else ''}")
 
 
-def render_set_aside(not_worth_it: list[Suggestion], dropped: list[Suggestion]) -> str:
+def render_set_aside(not_worth_it: list[Suggestion], dropped: list[Suggestion],
+                     tried: list[Suggestion] | None = None) -> str:
     """What was considered and left out, after the suggestions: edits estimated to save
-    nothing, and those `explain --verify` dropped."""
+    nothing, those `explain --verify` re-ran that did not help (`tried`), and those it
+    dropped (worse, or the program ended or printed otherwise)."""
     lines = []
     if not_worth_it:
         lines += ["", "Considered, not worth it (estimated to save nothing):"]
         lines += [f"- {s.title}: ~{_ms(s.saving_ns)}; {s.detail}" for s in not_worth_it]
+    if tried:
+        lines += ["", "Tried, did not help (a re-run with the edit):"]
+        lines += [f"- {s.title}: {_verified(s.verified)}" for s in tried]
     if dropped:
-        lines += ["", "Dropped: a re-run with the edit made things worse"]
+        lines += ["", "Dropped: a re-run with the edit made things worse or changed what the "
+                      "program does"]
         lines += [f"- {s.title}: {_verified(s.verified)}" for s in dropped]
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _verify_extra(v: Any) -> dict[str, Any]:
+    """What `explain --verify` adds to a suggestion's `verify` object in JSON."""
+    out = v.output
+    return {"saving_ns": v.saving_ns, "ended": list(v.ended),
+            "output": None if out is None else {"line": out.line, "before": out.before,
+                                                "after": out.after}}
+
+
+def render_verification(exp: Explanation, kept: list[Suggestion], tried: list[Suggestion],
+                        dropped: list[Suggestion], not_worth_it: list[Suggestion], fmt: str,
+                        cwd: str | None = None) -> str:
+    """`explain --verify`'s output in `fmt`: render_explain's, with the suggestions whose
+    re-run did not help listed apart (JSON: "tried") and each re-run's measured saving
+    (JSON: `verify.saving_ns`, how each run ended, the first line printed otherwise)."""
+    if fmt != "json":
+        return (render_explain(exp, kept, fmt, cwd)
+                + render_set_aside(not_worth_it, dropped, tried))
+    data = json.loads(render_explain_json(exp, kept, dropped, not_worth_it))
+    data["tried"] = [suggestion_dict(s) for s in tried]
+    for key, found in (("suggestions", kept), ("dropped", dropped), ("tried", tried)):
+        for entry, s in zip(data[key], found):
+            if s.verified is not None:
+                entry["verify"].update(_verify_extra(s.verified))
+    return json.dumps(data, indent=1) + "\n"
 
 
 def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
