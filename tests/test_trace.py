@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from helpers import MAIN, TRAIN_STEP_TO, make_trace
 from memcpy_doctor.core.defaults import SCHEMA_VERSION
-from memcpy_doctor.core.trace import Trace, TraceError, load_trace
+from memcpy_doctor.core.trace import Trace, TraceError, TransferRecord, load_trace
 
 
 # ----- JSON round trip -----
@@ -54,6 +55,39 @@ def test_round_trip_keeps_none_sites_and_refs():
     trace.waits[0].site = None
     trace.summary.peak_device_memory_bytes = 1_073_741_824
     assert Trace.from_dict(trace.to_dict()) == trace
+
+
+def test_non_blocking_round_trips_and_is_none_in_older_traces():
+    """A copy's and a logged transfer's `non_blocking` (whether the call asked it) is written
+    and read back; a trace written before the field existed loads with None."""
+    trace = make_trace()
+    trace.copies[0].non_blocking = True  # a sync copy from pageable memory that asked it
+    trace.copies[1].non_blocking = False
+    trace.transfers = [TransferRecord(0, "HtoD", True, False, "to", 4096, [32, 32], "float32",
+                                      TRAIN_STEP_TO, None, None, non_blocking=True)]
+    data = json.loads(trace.to_json())
+    assert [c["non_blocking"] for c in data["copies"]] == [True, False, None]
+    assert data["transfers"][0]["non_blocking"] is True
+    assert data["schema_version"] == 2
+    assert Trace.from_dict(data) == trace
+    for record in (*data["copies"], *data["transfers"]):
+        del record["non_blocking"]
+    old = Trace.from_dict(data)
+    assert [c.non_blocking for c in old.copies] == [None, None, None]
+    assert old.transfers[0].non_blocking is None
+    assert old.copies[0] == dataclasses.replace(trace.copies[0], non_blocking=None)
+
+
+@pytest.mark.parametrize("where", ["copies", "transfers"])
+def test_load_non_blocking_that_is_not_a_bool(tmp_path, where):
+    trace = make_trace()
+    trace.transfers = [TransferRecord(0, "HtoD", True, False, "to", 4096, None, None, None,
+                                      None, None)]
+    data = trace.to_dict()
+    data[where][0]["non_blocking"] = "yes"
+    path = tmp_path / "t.json"
+    _write_json(path, data)
+    assert "non_blocking is 'yes'" in _load_error(path)
 
 
 def test_json_layout():
@@ -127,6 +161,7 @@ def test_json_copies_layout():
     assert copies[2]["sync"] is False
     assert copies[2]["pinned"] is True
     assert copies[2]["time_ms"] == 1.0
+    assert [c["non_blocking"] for c in copies] == [None, None, None]  # (hand-built: unknown)
 
 
 def test_ratio_is_zero_for_zero_total_time():

@@ -148,6 +148,8 @@ class TransferRecord:
     site: Site | None
     producer: OpRef | None
     consumer: OpRef | None
+    #: whether the call asked `non_blocking=True` (see CopyRecord); None where not known
+    non_blocking: bool | None = None
 
 
 @dataclass
@@ -176,6 +178,11 @@ class CopyRecord:
     #: where, on its site's line, the call that made its first copy ends (tells two calls on
     #: one line apart); None when not known
     end_col: int | None = None
+    #: whether the call asked `non_blocking=True`, whatever the copy then did: a copy from
+    #: (or into) pageable memory that asked it is still sync (the host stages it), and shows
+    #: here as such; None in older traces and where not known (light mode's sync warnings,
+    #: imported traces)
+    non_blocking: bool | None = None
 
     @property
     def time_ns(self) -> int:
@@ -432,7 +439,8 @@ def _transfer(d: Any) -> TransferRecord:
         trigger=a_str(d["trigger"]), bytes=an_int(d["bytes"]),
         shape=None if shape is None else [an_int(n, "a size") for n in a_list(shape, "shape")],
         dtype=None if dtype is None else a_str(dtype), site=_site(d["site"]),
-        producer=_ref(d["producer"]), consumer=_ref(d["consumer"]))
+        producer=_ref(d["producer"]), consumer=_ref(d["consumer"]),
+        non_blocking=_optional_bool(d, "non_blocking", "transfer"))
 
 
 def _wait(d: Any) -> WaitRecord:
@@ -458,8 +466,13 @@ def _copy(d: Any) -> CopyRecord:
         shape=None if shape is None else [an_int(n, "a size") for n in a_list(shape, "shape")],
         dtype=None if dtype is None else a_str(dtype), thread=_thread(d),
         first_ns=_optional_int(d, "first_ns"), last_ns=_optional_int(d, "last_ns"),
-        end_col=_optional_int(d, "end_col"))
+        end_col=_optional_int(d, "end_col"),
+        non_blocking=_optional_bool(d, "non_blocking", "copy"))
 
 
 def _optional_int(d: dict[str, Any], key: str) -> int | None:
     return None if d.get(key) is None else an_int(d[key], f"copy.{key}")
+
+
+def _optional_bool(d: dict[str, Any], key: str, what: str) -> bool | None:
+    return None if d.get(key) is None else a_bool(d[key], f"{what}.{key}")

@@ -131,8 +131,9 @@ class OpAgg:
 
 class CopyAgg:
     """One copy path being filled. `path` is what it is a path of: (direction, sync, pinned,
-    trigger, site, producer, thread, consumer); the collector files it under the ids of those
-    objects (hashing a Site or an OpRef runs Python code) and merges equal paths at the end."""
+    trigger, site, producer, thread, non_blocking, consumer); the collector files it under the
+    ids of those objects (hashing a Site or an OpRef runs Python code) and merges equal paths
+    at the end."""
 
     __slots__ = ("path", "calls", "bytes", "host_ns", "device_ns", "stack", "shape", "dtype",
                  "first_ns", "last_ns", "end_col")
@@ -177,7 +178,8 @@ class PendingCopy:
         self.at_ns = at_ns  # when it was made (the host's clock from the run's start)
         self.end_col = end_col
         self.key = key  # the path's key: its objects by id (see CopyAgg)
-        self.path = path  # (direction, sync, pinned, trigger, site, producer, thread)
+        # (direction, sync, pinned, trigger, site, producer, thread, non_blocking)
+        self.path = path
         self.nbytes = nbytes
         self.host_ns = host_ns
         self.device_ns = device_ns
@@ -211,6 +213,7 @@ class CopyEvent:
     producer: OpRef | None
     shape: list[int] | None
     dtype: str | None
+    non_blocking: bool | None = None  # whether the call asked non_blocking=True
 
 
 class Collector:
@@ -272,9 +275,10 @@ class Collector:
              stack: list[Site], producer: OpRef | None, dst: torch.Tensor | None,
              shape: list[int] | None = None, dtype: str | None = None,
              thread: str | None = None, at_ns: int = 0,
-             end_col: int | None = None) -> PendingCopy:
+             end_col: int | None = None, non_blocking: bool | None = None) -> PendingCopy:
         """Record one copy (made in `thread`, None for the tracing thread, at `at_ns` on the
-        host's clock). With `dst`, it waits for the first op that reads dst."""
+        host's clock; `non_blocking`: whether the call asked it, None where not known). With
+        `dst`, it waits for the first op that reads dst."""
         self.recorded += 1
         name = copy_event_name(direction, sync)
         event = self.events.get(name)
@@ -282,8 +286,9 @@ class Collector:
             event = self.events[name] = EventAgg()
         event.add(host_ns, device_ns)
         # the objects that live as long as the run, by id: equal values are merged at the end
-        key = (direction, sync, pinned, trigger, id(site), id(producer), thread)
-        pending = PendingCopy(key, (direction, sync, pinned, trigger, site, producer, thread),
+        key = (direction, sync, pinned, trigger, id(site), id(producer), thread, non_blocking)
+        pending = PendingCopy(key, (direction, sync, pinned, trigger, site, producer, thread,
+                                    non_blocking),
                               nbytes, host_ns, device_ns, stack, shape, dtype, event, at_ns,
                               end_col)
         if dst is None:
@@ -406,12 +411,12 @@ class Collector:
             if into is not a:
                 into = paths[a.path] = into.merged(a)
         out = []
-        for (direction, sync, pinned, trigger, site, producer, thread, consumer), a in \
-                paths.items():
+        for (direction, sync, pinned, trigger, site, producer, thread, non_blocking,
+             consumer), a in paths.items():
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,
                                   a.shape, a.dtype, thread, a.first_ns, a.last_ns,
-                                  a.end_col))
+                                  a.end_col, non_blocking))
         return out
 
     def wait_records(self) -> list[WaitRecord]:

@@ -187,13 +187,14 @@ class ThreadContext:
     # ----- copies and waits: into the event record -----
     def record_copy(self, direction: str, sync: bool, pinned: bool | None, trigger: str,
                     nbytes: int, host_ns: int, device_ns: int, site: Any, src: Tensor | None,
-                    dst: Tensor | None, described: Tensor,
-                    into_existing: bool = False) -> PendingCopy:
+                    dst: Tensor | None, described: Tensor, into_existing: bool = False,
+                    non_blocking: bool = False) -> PendingCopy:
         """Every copy's one way into the records: from `src` (whose producer it names) to
         `dst` (whose first reader is its consumer; None: none is looked for; `into_existing`:
         a tensor that was there before, as `copy_` writes), its shape and dtype those of
-        `described`. On the simulated GPU the copy has just ended on the device's timeline
-        (its device span ends there)."""
+        `described`; `non_blocking`: the call asked it (whether or not the host then waited).
+        On the simulated GPU the copy has just ended on the device's timeline (its device
+        span ends there)."""
         stack, end_col = self.sites.stack_at(site)
         events, timeline = self.events, self.timeline
         return events.copy(
@@ -202,7 +203,8 @@ class ThreadContext:
             list(described.shape), str(described.dtype).replace("torch.", ""), self.thread,
             self.clock_ns(), end_col,
             device_end=timeline.device_ns if timeline is not None else None,
-            stream=self.run.stream_id() if events.room else None, into_existing=into_existing)
+            stream=self.run.stream_id() if events.room else None, into_existing=into_existing,
+            non_blocking=non_blocking)
 
     def sync_copy(self, direction: str, trigger: str, nbytes: int, src: Tensor, site: Any,
                   measured_ns: int) -> None:

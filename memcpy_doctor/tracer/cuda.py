@@ -173,7 +173,7 @@ def real_copy(ctx: Any, info: OpInfo, func: Any, args: tuple,
     dst_t = out if isinstance(out, Tensor) else args[0]
     trigger = ctx.trigger or ("to" if info.short == "_to_copy" else "copy_")
     pending = ctx.record_copy(direction, sync, pinned, trigger, dst_t.nbytes, host_ns, 0,
-                              site, src, dst_t, src, info.short == "copy_")
+                              site, src, dst_t, src, info.short == "copy_", non_blocking)
     timer.end(mark, pending, host_ns, ctx.events, ctx.events.kept_last(pending))
     ctx.collector.inherit_producer(dst_t, src)
     return (out,)

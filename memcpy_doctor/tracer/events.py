@@ -142,19 +142,21 @@ class EventRecord:
              producer: Any, src: Any, dst: Any, shape: list[int] | None,
              dtype: str | None, thread: str | None, at_ns: int, end_col: int | None = None,
              device_end: int | None = None, stream: int | None = None,
-             into_existing: bool = False) -> PendingCopy:
+             into_existing: bool = False, non_blocking: bool | None = None) -> PendingCopy:
         """A copy from `src` to `dst` (tensors, or None where there is none to name: the
         host value `item()` returns; `into_existing`: a tensor that was there before, as
-        `copy_` writes), made in `thread` and done on the host at `at_ns`."""
+        `copy_` writes), made in `thread` and done on the host at `at_ns`; `non_blocking`:
+        whether the call asked it (None where not known)."""
         if self.listeners:
             note = CopyEvent(direction, sync, pinned, trigger, nbytes, site, producer, shape,
-                             dtype)
+                             dtype, non_blocking)
             for listener in list(self.listeners):
                 listener(note)
         pending = self.collector.copy(
             direction=direction, sync=sync, pinned=pinned, trigger=trigger, nbytes=nbytes,
             host_ns=host_ns, device_ns=device_ns, site=site, stack=stack, producer=producer,
-            dst=dst, shape=shape, dtype=dtype, thread=thread, at_ns=at_ns, end_col=end_col)
+            dst=dst, shape=shape, dtype=dtype, thread=thread, at_ns=at_ns, end_col=end_col,
+            non_blocking=non_blocking)
         if self.room or self.subscribers:
             reads, writes = self.storages.of(() if src is None else (src,),
                                              () if dst is None else (dst,), into_existing)

@@ -134,7 +134,8 @@ class LightHooks:
         return site, stack, thread
 
     def sync(self, frame: Any) -> None:
-        """A sync that sync-debug mode reported, made by the code of `frame` or above it."""
+        """A sync that sync-debug mode reported, made by the code of `frame` or above it
+        (whether its call asked non_blocking is not known: None)."""
         site, stack, thread = self._where(frame)
         self.events.copy("DtoH", True, None, LIGHT_SYNC_TRIGGER, 0, 0, 0, site, stack, None,
                          None, None, None, None, thread, perf_counter_ns() - self.start_ns)
@@ -148,7 +149,7 @@ class LightHooks:
         site, stack, thread = self._where(frame)
         self.events.copy("DtoH", True, False, "copy_", src.nbytes, ns, 0, site, stack, None,
                          src, None, list(src.shape), str(src.dtype).replace("torch.", ""),
-                         thread, perf_counter_ns() - self.start_ns)
+                         thread, perf_counter_ns() - self.start_ns, non_blocking=True)
 
     # ----- the wrapped calls -----
     def timed_call(self, ident: int, call: Callable, args: tuple,

@@ -25,15 +25,15 @@ class TransferLog:
         if len(self._logged) >= self.limit:
             self.dropped += 1
             return
-        direction, sync, pinned, trigger, site, producer, _ = pending.path
+        direction, sync, pinned, trigger, site, producer, _, non_blocking = pending.path
         self._logged.append((TransferRecord(
             seq=len(self._logged), direction=direction, sync=sync, pinned=pinned,
             trigger=trigger, bytes=pending.nbytes, shape=pending.shape, dtype=pending.dtype,
-            site=site, producer=producer, consumer=None), pending))
+            site=site, producer=producer, consumer=None, non_blocking=non_blocking), pending))
 
     def records(self) -> list[TransferRecord]:
         """The logged copies, each with its consumer: call once the collector has finished
         (every copy's consumer is known then, or known to be none)."""
         for record, pending in self._logged:
-            record.consumer = pending.agg.path[7] if pending.agg is not None else None
+            record.consumer = pending.agg.path[8] if pending.agg is not None else None
         return [record for record, _ in self._logged]

@@ -311,8 +311,10 @@ class SimDevice:
 
     def _record(self, direction: str, non_blocking: bool, pinned: bool, trigger: str,
                 src: Tensor | None, dst: Tensor, site: Any, quiet: bool = False,
-                into_existing: bool = False) -> None:
-        """`quiet`: a sync that sync-debug mode does not flag on a GPU (see `_copy_`);
+                into_existing: bool = False, asked: bool | None = None) -> None:
+        """`non_blocking`: the copy runs as PyTorch's non_blocking path (cudaMemcpyAsync);
+        `asked`: the call asked non_blocking (where it differs: `_copy_` into pageable
+        memory); `quiet`: a sync that sync-debug mode does not flag on a GPU (see `_copy_`);
         `into_existing`: `dst` was there before (`copy_`)."""
         st, profile, tl = self.st, self.st.profile, self.st.timeline
         nbytes = dst.nbytes
@@ -328,7 +330,7 @@ class SimDevice:
         else:  # non_blocking from pageable memory: async, but the host stages it
             sync, host_ns = False, tl.staged(profile.launch_ns, device_ns)
         st.record_copy(direction, sync, pinned, trigger, nbytes, host_ns, device_ns, site, src,
-                       dst, dst, into_existing)
+                       dst, dst, into_existing, non_blocking if asked is None else asked)
         if src is not None:
             st.collector.inherit_producer(dst, src)
 
@@ -350,7 +352,7 @@ class SimDevice:
             non_blocking = non_blocking and pinned  # into pageable memory the host waits
         # (PyTorch's non_blocking path, cudaMemcpyAsync, never calls warn_or_error_on_sync)
         self._record(direction, non_blocking, pinned, "copy_", src, dst, site, quiet=asked,
-                     into_existing=True)
+                     into_existing=True, asked=asked)
         return dst
 
     def pin_tensor(self, t: Tensor) -> Tensor:
