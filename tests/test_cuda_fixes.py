@@ -302,7 +302,7 @@ def test_a_masked_index_copy_gets_the_wait_timed_inside_the_op(monkeypatch):
 
 @pytest.mark.parametrize("op, src_cuda, dst_cuda, non_blocking, host_pinned, expected", [
     ("_to_copy", False, True, False, False, ("HtoD", False, True)),
-    ("_to_copy", False, True, True, False, ("HtoD", False, False)),  # staged, not waited
+    ("_to_copy", False, True, True, False, ("HtoD", False, True)),  # staged: host blocked
     ("_to_copy", False, True, False, True, ("HtoD", True, True)),  # memcpy_and_sync
     ("_to_copy", False, True, True, True, ("HtoD", True, False)),
     ("_to_copy", True, False, False, None, ("DtoH", False, True)),

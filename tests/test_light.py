@@ -150,7 +150,7 @@ def program():
     torch.cuda.Stream().synchronize()  # sim-stream
     torch.cuda.Event().synchronize()  # sim-event
     torch.ones(2).to("cuda")  # sim-htod
-    torch.ones(2).to("cuda", non_blocking=True)  # async from pageable memory: not waited
+    torch.ones(2).to("cuda", non_blocking=True)  # pageable: staged, waited # sim-staged
 
 
 def test_light_on_the_sim_records_each_sync_once_at_its_line():
@@ -170,14 +170,15 @@ def test_light_on_the_sim_records_each_sync_once_at_its_line():
         ("DtoH", LIGHT_SYNC_TRIGGER, line("sim-item"), 3, 0, 0, None),
         ("DtoH", LIGHT_SYNC_TRIGGER, line("sim-cpu"), 1, 0, 0, None),
         ("DtoH", LIGHT_SYNC_TRIGGER, line("sim-htod"), 1, 0, 0, None),
-        ("DtoH", "copy_", line("sim-pageable"), 1, 16, 0, None)])
+        ("DtoH", "copy_", line("sim-pageable"), 1, 16, 0, None),
+        ("HtoD", "to", line("sim-staged"), 1, 8, 0, None)])
     assert (copy_[0].pinned, copy_[0].shape, copy_[0].dtype) == (False, [4], "float32")
     assert sorted((w.kind, w.site.line, w.calls) for w in trace.waits) == sorted([
         ("synchronize", line("sim-device"), 1), ("stream_synchronize", line("sim-stream"), 1),
         ("event_synchronize", line("sim-event"), 1)])
-    assert trace.summary.memcpy_sync.calls == 6 and trace.summary.memcpy_async.calls == 0
+    assert trace.summary.memcpy_sync.calls == 7 and trace.summary.memcpy_async.calls == 0
     assert {e.name: e.calls for e in trace.events} == {
-        "GpuMemcpySync:GPU->CPU": 6, "HostWait:synchronize": 1,
+        "GpuMemcpySync:GPU->CPU": 6, "GpuMemcpySync:CPU->GPU": 1, "HostWait:synchronize": 1,
         "HostWait:stream_synchronize": 1, "HostWait:event_synchronize": 1}
 
 

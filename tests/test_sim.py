@@ -341,3 +341,60 @@ def test_sync_debug_mode_warns_and_raises_where_a_gpu_would():
             torch.cuda.set_sync_debug_mode("loud")
         torch.cuda.set_sync_debug_mode("default")
         x.sum().item()
+
+
+def test_non_blocking_from_pageable_memory_is_staged_and_sync():
+    """`x.to("cuda", non_blocking=True)` from pageable memory: the driver stages it through
+    its own pinned buffers while the host is blocked, so the copy is sync, pinned False, and
+    still says that its call asked non_blocking. Its host time is the staging's: the launch
+    plus the copy at pageable bandwidth, without waiting for the matmul queued before it and
+    without sync_ns (Timeline.staged). The same call from pinned memory stays async and costs
+    the host the launch alone; a blocking call says it did not ask."""
+    tracer = Tracer(device="sim", log_transfers=8)
+    with tracer:
+        a = torch.ones(1024, 1024, device="cuda")
+        a @ a  # a long kernel (0.1 ms on the device) queued ahead of the copies
+        x = torch.ones(1000)
+        y = x.to("cuda", non_blocking=True)
+        z = x.pin_memory().to("cuda", non_blocking=True)
+        w = x.to("cuda")
+        assert y.is_cuda and z.is_cuda and w.is_cuda
+    trace = tracer.trace
+    profile = trace.meta.device_profile
+    launch, setup = profile["launch_ns"], profile["copy_setup_ns"]
+    pageable = setup + round(4000 / profile["copy_bandwidth"]["HtoD_pageable"] * 1e9)
+    pinned = setup + round(4000 / profile["copy_bandwidth"]["HtoD_pinned"] * 1e9)
+    assert (launch, pageable, pinned) == (5_000, 2_333, 2_167)  # the A100 profile's figures
+    htod = sorted((c for c in trace.copies if c.direction == "HtoD"), key=lambda c: c.first_ns)
+    assert [(c.sync, c.pinned, c.non_blocking, c.trigger, c.calls, c.bytes, c.host_ns,
+             c.device_ns) for c in htod] == [
+        (True, False, True, "to", 1, 4000, launch + pageable, pageable),
+        (False, True, True, "to", 1, 4000, launch, pinned),
+        (True, False, False, "to", 1, 4000, htod[2].host_ns, pageable),
+    ]
+    assert htod[2].host_ns > launch + pageable + profile["sync_ns"]  # it waited for the mm
+    rows = {e.name: e for e in trace.events}
+    assert (rows["GpuMemcpySync:CPU->GPU"].calls, rows["GpuMemcpyAsync:CPU->GPU"].calls) == (2, 1)
+    assert [(t.direction, t.sync, t.pinned, t.non_blocking) for t in trace.transfers] == [
+        ("HtoD", True, False, True), ("HtoD", False, True, True), ("HtoD", True, False, False)]
+
+
+def test_copy_with_non_blocking_records_what_it_asked():
+    """`copy_(src, non_blocking=True)`: to the device from pageable memory, staged and sync
+    as `.to()`; to the host into pageable memory, a copy the host waits for (and sync-debug
+    mode does not flag); into pinned memory, async. Each one says it asked non_blocking; an
+    `.item()` says it did not."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        d = torch.empty(1000, device="cuda")
+        d.copy_(torch.ones(1000), non_blocking=True)
+        torch.empty(1000).copy_(d, non_blocking=True)
+        torch.empty(1000).pin_memory().copy_(d, non_blocking=True)
+        d[0].item()
+    got = sorted((c.direction, c.sync, c.pinned, c.non_blocking, c.trigger)
+                 for c in prof.trace.copies)
+    assert got == [("DtoH", False, True, True, "copy_"), ("DtoH", True, False, False, "item"),
+                   ("DtoH", True, False, True, "copy_"), ("HtoD", True, False, True, "copy_")]
+    profile = prof.trace.meta.device_profile
+    (htod,) = [c for c in prof.trace.copies if c.direction == "HtoD"]
+    assert htod.host_ns == profile["launch_ns"] + htod.device_ns
+

@@ -36,7 +36,7 @@ def test_non_blocking_pinned_and_pageable(tmp_path, device):
         h = torch.ones(1000)
         p = h.pin_memory()
         a = p.to("cuda", non_blocking=True)  # expect: HtoD async to pinned
-        b = h.to("cuda", non_blocking=True)  # expect: HtoD async to pageable
+        b = h.to("cuda", non_blocking=True)  # expect: HtoD sync to pageable
         q = torch.empty(10, pin_memory=True)
         c = q.cuda(non_blocking=True)  # expect: HtoD async cuda pinned
         assert p.is_pinned() and q.is_pinned() and not h.is_pinned()

@@ -171,8 +171,10 @@ class Timeline:
         return launch_ns
 
     def staged(self, launch_ns: int, device_ns: int) -> int:
-        """An async copy from pageable memory: the host stays busy staging it, but does not
-        wait for earlier device work."""
+        """A `non_blocking` copy from pageable memory: the driver stages it through its own
+        pinned buffers while the host is blocked (`device_ns`, the copy at pageable
+        bandwidth), but the host does not wait for earlier device work, and pays no
+        `sync_ns`. The tracer records it as sync: the host waited for it (docs/sim-time.md)."""
         start = self.host_ns + launch_ns
         self.device_ns = max(start, self.device_ns) + device_ns
         self.host_ns = start + device_ns

@@ -184,13 +184,17 @@ def copy_kind(op: str, src_cuda: bool, dst_cuda: bool, non_blocking: bool,
     """(direction, pinned, sync) of a copy between devices made by `op` (`_to_copy` or
     `copy_`), as PyTorch runs it (Copy.cu): between GPUs, copy_device_to_device never waits
     on the host; from the host (`host_pinned`: whether the source is pinned), a copy
-    without non_blocking is memcpy_and_sync, pinned or not; to the host, `.to(non_blocking=True)`
+    without non_blocking is memcpy_and_sync, pinned or not, and one with non_blocking from
+    pageable memory is cudaMemcpyAsync, which the driver stages through its own pinned
+    buffers while the host is blocked ("might be synchronous with respect to host": CUDA's
+    API synchronization behavior), so it is sync too; to the host, `.to(non_blocking=True)`
     allocates its output pinned, while `copy_` writes into the caller's buffer
-    (`host_pinned`: the destination's), and into pageable memory the host waits."""
+    (`host_pinned`: the destination's), and into pageable memory the host waits. (Whether
+    the call asked non_blocking is recorded beside, as the copy's `non_blocking`.)"""
     if src_cuda and dst_cuda:
         return "DtoD", None, False
     if dst_cuda:
-        return "HtoD", host_pinned, not non_blocking
+        return "HtoD", host_pinned, not (non_blocking and host_pinned)
     pinned = non_blocking if op == "_to_copy" else bool(host_pinned)
     return "DtoH", pinned, not (non_blocking and pinned)
 

@@ -6,9 +6,10 @@ changes what runs (torch.compile's code, fast paths). Light mode asks PyTorch in
 `stream_synchronize` raise a warning at each sync (c10/cuda/CUDAFunctions.h), and a
 warnings filter of ours catches it, takes the user's stack there and counts it per site. The
 few syncs sync-debug mode does not flag are wrapped in Python (`torch.cuda.synchronize`,
-`Stream.synchronize`, `Event.synchronize`, and `copy_` to pageable host memory with
-`non_blocking=True`, which blocks all the same). No mode, no per-op hook: an op that does not
-sync runs exactly as without the tool.
+`Stream.synchronize`, `Event.synchronize`, and a copy with `non_blocking=True` between the
+device and pageable host memory, `copy_` either way or `.to()` / `.cuda()` to the device,
+which blocks all the same). No mode, no per-op hook: an op that does not sync runs exactly as
+without the tool.
 
 The hook is the filter's message pattern: Python's warning machinery calls the `match` method
 of each filter's pattern in turn, and ours (first in the list, action "ignore") counts a sync
@@ -61,14 +62,15 @@ _get_ident = threading.get_ident
 #: tracer's (meta.untraced, shown under "Not traced" in the report).
 LIGHT_NOTES = (
     "light mode: syncs found by PyTorch's sync-debug mode and by wrapping "
-    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize and copy_ into pageable "
-    "memory with non_blocking=True; no ops recorded (no per-op rows, producers or "
-    "consumers; Computation time counts only the timed syncs)",
+    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize, and copy_, to and cuda "
+    "with non_blocking=True between the device and pageable memory; no ops recorded (no "
+    "per-op rows, producers or consumers; Computation time counts only the timed syncs)",
     LIGHT_SYNC_NOTE,
     "light mode does not see: the caching allocator's syncs (cudaFree when it releases "
     "cached memory, pinned host allocations), libraries that call CUDA directly (NCCL, "
-    "custom extensions), copy_ to pageable memory called from C++, and syncs while the "
-    "program has replaced or reset the warnings filters",
+    "custom extensions), copies with non_blocking=True between the device and pageable "
+    "memory called from C++, and syncs while the program has replaced or reset the "
+    "warnings filters",
 )
 SIM_NOTE = ("light mode on the simulated GPU: times are this machine's wall clock around "
             "the wrapped calls, not modeled")
@@ -113,7 +115,10 @@ class LightHooks:
     Nothing here holds a tensor."""
 
     def __init__(self, clock_start: int | None = None,
-                 keep_events: int = TIMELINE_EVENTS) -> None:
+                 keep_events: int = TIMELINE_EVENTS, wrap_to: bool = True) -> None:
+        """`wrap_to`: wrap Tensor.to and Tensor.cuda (a real GPU's; on the simulated GPU its
+        tracer hands the copies to `staged_copy` instead)."""
+        self.wrap_to = wrap_to
         self.collector = Collector()
         self.events = EventRecord(self.collector, keep_events)
         self.sites = SiteResolver()
@@ -144,12 +149,27 @@ class LightHooks:
         site, _, thread = self._where(frame)
         self.events.wait(kind, site, ns, thread, perf_counter_ns() - self.start_ns)
 
-    def copy(self, src: torch.Tensor, ns: int, frame: Any) -> None:
-        """A copy into pageable host memory with non_blocking=True: the host waited."""
+    def copy(self, src: torch.Tensor, ns: int, frame: Any, direction: str = "DtoH",
+             trigger: str = "copy_") -> None:
+        """A copy with non_blocking=True between the device and pageable host memory (into
+        it, or from it to the device, which the driver stages): the host waited."""
         site, stack, thread = self._where(frame)
-        self.events.copy("DtoH", True, False, "copy_", src.nbytes, ns, 0, site, stack, None,
-                         src, None, list(src.shape), str(src.dtype).replace("torch.", ""),
-                         thread, perf_counter_ns() - self.start_ns, non_blocking=True)
+        self.events.copy(direction, True, False, trigger, src.nbytes, ns, 0, site, stack,
+                         None, src, None, list(src.shape),
+                         str(src.dtype).replace("torch.", ""), thread,
+                         perf_counter_ns() - self.start_ns, non_blocking=True)
+
+    def staged_copy(self, note: Any) -> None:
+        """A copy listener on the simulated GPU's tracer (a CopyEvent): a `.to()` or
+        `.cuda()` to the device from pageable memory with non_blocking=True, which PyTorch
+        does not flag, is recorded as a sync warning is, untimed. (Wrapping Tensor.to there
+        would hide the call from the simulated GPU's mode, which finds it by name.)"""
+        if (note.non_blocking and note.sync and note.direction == "HtoD"
+                and note.trigger != "copy_" and _get_ident() not in self.quiet):
+            site, stack, thread = self._where(_getframe(1))
+            self.events.copy("HtoD", True, False, note.trigger, note.nbytes, 0, 0, site,
+                             stack, None, None, None, note.shape, note.dtype, thread,
+                             perf_counter_ns() - self.start_ns, non_blocking=True)
 
     # ----- the wrapped calls -----
     def timed_call(self, ident: int, call: Callable, args: tuple,
@@ -181,10 +201,10 @@ class LightHooks:
         return wrapper
 
     def copy_wrapper(self, original: Callable) -> Callable:
-        """Tensor.copy_: a call with non_blocking=True from a device tensor into pageable
+        """Tensor.copy_: a call with non_blocking=True between a device tensor and pageable
         host memory is recorded (PyTorch's cudaMemcpyAsync returns only once such a copy is
-        done, and sync-debug mode does not flag it: Copy.cu); any other call goes straight
-        on."""
+        done, or, to the device, staged; sync-debug mode does not flag it: Copy.cu); any
+        other call goes straight on."""
         quiet = self.quiet
 
         def copy_(dst: Any, *args: Any, **kwargs: Any) -> Any:
@@ -192,15 +212,40 @@ class LightHooks:
                 return original(dst, *args, **kwargs)
             src = args[0] if args else kwargs.get("src")
             ident = _get_ident()
-            if (ident in quiet or not isinstance(src, torch.Tensor) or not src.is_cuda
-                    or dst.is_cuda or dst.is_pinned()):
+            if ident in quiet or not isinstance(src, torch.Tensor):
+                return original(dst, *args, **kwargs)
+            if src.is_cuda and not dst.is_cuda and not dst.is_pinned():
+                direction = "DtoH"
+            elif dst.is_cuda and not src.is_cuda and not src.is_pinned():
+                direction = "HtoD"
+            else:
                 return original(dst, *args, **kwargs)
             result, ns = self.timed_call(ident, original, (dst, *args), kwargs)
-            self.copy(src, ns, _getframe(1))
+            self.copy(src, ns, _getframe(1), direction)
             return result
 
         copy_.__wrapped__ = original
         return copy_
+
+    def to_wrapper(self, original: Callable, trigger: str) -> Callable:
+        """Tensor.to or Tensor.cuda (`trigger`): a call with non_blocking=True that copies
+        pageable host memory to the device is recorded (cudaMemcpyAsync returns once the
+        driver has staged it, the host blocked meanwhile; sync-debug mode does not flag it);
+        any other call goes straight on, after a look at its arguments."""
+        quiet = self.quiet
+
+        def to(t: Any, *args: Any, **kwargs: Any) -> Any:
+            if not (kwargs.get("non_blocking") or any(a is True for a in args)) or (
+                    _get_ident() in quiet or t.is_cuda or t.is_pinned()
+                    or not _to_device(trigger, args, kwargs)):
+                return original(t, *args, **kwargs)
+            result, ns = self.timed_call(_get_ident(), original, (t, *args), kwargs)
+            if result is not t and t.nbytes:  # (torch skips an empty tensor's copy)
+                self.copy(t, ns, _getframe(1), "HtoD", trigger)
+            return result
+
+        to.__wrapped__ = original
+        return to
 
     def patches(self) -> list[tuple[Any, str, Any]]:
         """The calls wrapped, as they are now (the simulated GPU's, under --device sim)."""
@@ -210,7 +255,10 @@ class LightHooks:
                                                         cuda.Stream.synchronize)),
                 (cuda.Event, "synchronize", self.timed("event_synchronize",
                                                        cuda.Event.synchronize)),
-                (torch.Tensor, "copy_", self.copy_wrapper(torch.Tensor.copy_))]
+                (torch.Tensor, "copy_", self.copy_wrapper(torch.Tensor.copy_)),
+                *([(torch.Tensor, "to", self.to_wrapper(torch.Tensor.to, "to")),
+                   (torch.Tensor, "cuda", self.to_wrapper(torch.Tensor.cuda, "cuda"))]
+                  if self.wrap_to else [])]
 
     # ----- entering and leaving -----
     @staticmethod
@@ -246,6 +294,25 @@ class LightHooks:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+
+
+def _to_device(trigger: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a host tensor's `.cuda(...)` or `.to(...)` with these arguments is a copy to
+    the device with non_blocking=True: Tensor.to's forms are (device, dtype, non_blocking,
+    copy), (other, non_blocking, copy) and (dtype, non_blocking, copy), which stays put."""
+    if trigger == "cuda":
+        return bool(kwargs.get("non_blocking") or (len(args) > 1 and args[1]))
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, torch.Tensor):
+        at = 1
+        to_cuda = bool(target.is_cuda)
+    elif isinstance(target, int) and not isinstance(target, bool):
+        at, to_cuda = 2, True  # a device ordinal is a GPU's
+    elif isinstance(target, (str, torch.device)):
+        at, to_cuda = 2, torch.device(target).type == "cuda"
+    else:
+        return False
+    return to_cuda and bool(kwargs.get("non_blocking", args[at] if len(args) > at else False))
 
 
 def filters_changed() -> None:
@@ -300,7 +367,10 @@ class LightTracer:
             else:
                 self._peaks_before = device_peaks()
             self._start_ns = perf_counter_ns()
-            self.hooks = stack.enter_context(LightHooks(self._start_ns))
+            self.hooks = stack.enter_context(LightHooks(self._start_ns,
+                                                        wrap_to=self._sim is None))
+            if self._sim is not None:
+                self._sim.add_copy_listener(self.hooks.staged_copy)
             previous = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, previous)

@@ -327,8 +327,16 @@ class SimDevice:
             sync, host_ns = True, tl.blocking(profile.launch_ns, device_ns, profile.sync_ns)
         elif pinned:
             sync, host_ns = False, tl.enqueue(profile.launch_ns, device_ns)
-        else:  # non_blocking from pageable memory: async, but the host stages it
-            sync, host_ns = False, tl.staged(profile.launch_ns, device_ns)
+        else:
+            # non_blocking from pageable memory: cudaMemcpyAsync "might be synchronous with
+            # respect to host" (CUDA runtime API, "API synchronization behavior"): the driver
+            # stages pageable memory through its own pinned buffers and returns once the last
+            # is staged, so the host is blocked for the copy at pageable bandwidth. The
+            # stream sync the docs say the driver "may" do first is not modeled: the host
+            # does not wait for earlier device work (Timeline.staged). A sync copy, then,
+            # that still shows it asked non_blocking; PyTorch takes its non_blocking path,
+            # which calls no warn_or_error_on_sync (no synced() here).
+            sync, host_ns = True, tl.staged(profile.launch_ns, device_ns)
         st.record_copy(direction, sync, pinned, trigger, nbytes, host_ns, device_ns, site, src,
                        dst, dst, into_existing, non_blocking if asked is None else asked)
         if src is not None:
