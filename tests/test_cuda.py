@@ -62,6 +62,7 @@ def test_non_blocking_from_pageable_memory_is_sync_and_says_it_asked():
     assert got == [(False, True, True, "to", 1, 4 << 20), (True, False, False, "to", 1, 4 << 20),
                    (True, False, True, "copy_", 1, 4 << 20),
                    (True, False, True, "to", 1, 4 << 20)]
+    assert "2 sync CPU->GPU copies asked non_blocking=True from pageable memory" in prof.report()
     assert a.is_cuda and b.is_cuda and c.is_cuda
 
 

@@ -37,6 +37,20 @@ def test_report_matches_golden_file():
     check_golden("report_basic.txt", render_text(make_trace(), cwd=PROJECT_DIR))
 
 
+def peak_and_pageable_trace():
+    """The hand-built trace with a device memory peak, and its host->device copy as one that
+    asked non_blocking=True from pageable memory (sync: the host stages it)."""
+    trace = make_trace()
+    trace.summary.peak_device_memory_bytes = 614_465_536
+    trace.copies[0].non_blocking = True
+    return trace
+
+
+def test_report_with_peak_and_pageable_non_blocking_copies_matches_golden_file():
+    check_golden("report_peak_pageable.txt",
+                 render_text(peak_and_pageable_trace(), cwd=PROJECT_DIR))
+
+
 def section(report: str, title: str) -> list[str]:
     """The lines of one banner section, without blank lines."""
     lines = report.splitlines()
@@ -293,3 +307,56 @@ def test_plain_table_lays_columns_out_as_tabulate_plain_does(rows):
     headers = ["Event", "Calls", "Where"]
     assert plain_table(rows, headers) == tabulate.tabulate(
         rows, headers=headers, tablefmt="plain", disable_numparse=True)
+
+
+def test_device_memory_peak_line_under_the_figures():
+    lines = render_text(peak_and_pageable_trace(), cwd=PROJECT_DIR).splitlines()
+    at = lines.index("Device memory peak: 586.0 MiB")
+    assert lines[at - 1].startswith("  Framework overhead ")
+    assert lines[at + 1] == ""
+
+
+@pytest.mark.parametrize("nbytes, shown", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (5_000, "4.9 KiB"),
+    (614_465_536, "586.0 MiB"), (3 * 2**30 // 2, "1.5 GiB"), (80 * 2**30, "80.0 GiB"),
+])
+def test_device_memory_peak_units(nbytes, shown):
+    trace = make_trace()
+    trace.summary.peak_device_memory_bytes = nbytes
+    assert f"\nDevice memory peak: {shown}\n" in render_text(trace, cwd=PROJECT_DIR)
+
+
+def test_no_peak_line_where_the_peak_is_not_known():
+    assert "Device memory peak" not in render_text(make_trace(), cwd=PROJECT_DIR)
+
+
+def test_pageable_non_blocking_line_in_the_memcpy_summary():
+    assert section(render_text(peak_and_pageable_trace(), cwd=PROJECT_DIR),
+                   "GpuMemCpy Summary")[4:] == [
+        "  4 sync CPU->GPU copies asked non_blocking=True from pageable memory: the host "
+        "stages pageable memory, so they block; pin the source"]
+    trace = peak_and_pageable_trace()
+    trace.copies[0].calls = 1
+    assert section(render_text(trace, cwd=PROJECT_DIR), "GpuMemCpy Summary")[4] == (
+        "  1 sync CPU->GPU copy asked non_blocking=True from pageable memory: the host "
+        "stages pageable memory, so it blocks; pin the source")
+
+
+def test_pageable_non_blocking_line_counts_only_sync_host_to_device_from_pageable():
+    """Not counted: a copy that did not ask (or whose asking is not known, older traces), an
+    async one from pinned memory, one to the host."""
+    def copy(direction, sync, pinned, non_blocking, calls):
+        return CopyRecord(direction, sync, pinned, "to", calls, 4 * calls, 1_000, 1_000,
+                          None, [], None, None, non_blocking=non_blocking)
+
+    copies = [copy("HtoD", True, False, True, 2), copy("HtoD", True, False, True, 3),
+              copy("HtoD", True, False, False, 10), copy("HtoD", True, False, None, 20),
+              copy("HtoD", False, True, True, 40), copy("DtoH", True, False, True, 80)]
+    summary = section(render_text(make_trace(copies=copies), cwd=PROJECT_DIR),
+                      "GpuMemCpy Summary")
+    assert summary[4:] == [
+        "  5 sync CPU->GPU copies asked non_blocking=True from pageable memory: the host "
+        "stages pageable memory, so they block; pin the source"]
+    no_line = section(render_text(make_trace(copies=copies[2:]), cwd=PROJECT_DIR),
+                      "GpuMemCpy Summary")
+    assert len(no_line) == 4 and not any("non_blocking" in line for line in no_line)

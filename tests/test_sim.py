@@ -398,3 +398,14 @@ def test_copy_with_non_blocking_records_what_it_asked():
     (htod,) = [c for c in prof.trace.copies if c.direction == "HtoD"]
     assert htod.host_ns == profile["launch_ns"] + htod.device_ns
 
+
+def test_report_counts_pageable_non_blocking_copies_and_shows_the_peak():
+    with memcpy_doctor.profiler(device="sim") as prof:
+        x = torch.ones(1000)
+        kept = [x.to("cuda", non_blocking=True) for _ in range(3)]
+        kept.append(x.pin_memory().to("cuda", non_blocking=True))
+    report = prof.report()
+    assert ("\n  3 sync CPU->GPU copies asked non_blocking=True from pageable memory: the host "
+            "stages pageable memory, so they block; pin the source\n") in report
+    assert prof.trace.summary.peak_device_memory_bytes == 16_000
+    assert "\nDevice memory peak: 15.6 KiB\n" in report

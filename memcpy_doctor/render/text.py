@@ -92,6 +92,28 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
     return table
 
 
+def _size(nbytes: int) -> str:
+    """Bytes in binary units, one decimal: "586.0 MiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _pageable_non_blocking_line(copies: list[CopyRecord]) -> list[str]:
+    """The GpuMemCpy Summary's line on the sync host->device copies that asked
+    non_blocking=True from pageable memory (none where there are none): the host is blocked
+    while the driver stages them, so non_blocking alone did not make them async."""
+    calls = sum(c.calls for c in copies if c.non_blocking and c.sync and c.pinned is False
+                and c.direction == "HtoD")
+    if not calls:
+        return []
+    many = calls != 1
+    return [f"  {calls} sync CPU->GPU cop{'ies' if many else 'y'} asked non_blocking=True "
+            f"from pageable memory: the host stages pageable memory, so "
+            f"{'they block' if many else 'it blocks'}; pin the source"]
+
+
 def _per_step_line(split: StepSplit) -> str:
     """The GpuMemCpy Summary's one line beyond Paddle's: the sync copies of one step."""
     setup = f"setup and one-off: {split.setup_calls} calls, {_ms(split.setup_ns)}"
@@ -153,6 +175,10 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
         f"Ratio: {_pct(s.computation_ns, total)}",
         f"  Framework overhead     Total: {_ms(s.overhead_ns):<12}"
         f"Ratio: {_pct(s.overhead_ns, total)}",
+    ]
+    if s.peak_device_memory_bytes is not None:
+        lines.append(f"Device memory peak: {_size(s.peak_device_memory_bytes)}")
+    lines += [
         "", _banner("GpuMemCpy Summary"), "",
     ]
     for label, fig in (("GpuMemcpy", s.memcpy_all), ("  GpuMemcpyAsync", s.memcpy_async),
@@ -161,6 +187,7 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
                      f"Ratio: {_pct(fig.time_ns, total)}")
     split = split_sync(trace)
     lines.append(_per_step_line(split))
+    lines += _pageable_non_blocking_line(trace.copies)
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
               "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
     if trace.compile is not None:
