@@ -4,6 +4,7 @@ and a real source file (so source lines and diffs can be checked exactly)."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -393,3 +394,41 @@ def test_a_branch_on_a_device_value_in_a_loop(tmp_path, line, trigger, kind):
     assert s.saving_ns == 70_000  # all but one of the 8 waits
     copy.calls = 1  # a branch taken once is not in a loop
     assert [x.rule for x in suggest(trace, explain(trace))] == []
+
+
+def test_a_placement_the_budget_needs_comes_first_whatever_it_costs(tmp_path):
+    """Paddle's device_guard article, first problem: an embedding that does not fit the
+    device. The placement that fits is required, so it is listed first with its cost and
+    the peak it reaches, never set aside as "not worth it"."""
+    import runpy
+    import sys
+
+    import memcpy_doctor
+    from memcpy_doctor.analysis.replay import Replay
+    from memcpy_doctor.render.explain import render_explain_text
+
+    sample = os.path.join(os.path.dirname(__file__), "..", "sample_models", "embedding_l2.py")
+    argv = sys.argv
+    sys.argv = [sample, "--vocab", "200000", "--steps", "2"]
+    try:
+        with memcpy_doctor.profiler(device="sim") as prof:
+            runpy.run_path(sample, run_name="__main__")
+    finally:
+        sys.argv = argv
+    trace = prof.trace
+    peak = trace.summary.peak_device_memory_bytes
+    budget = 64 << 20
+    assert peak > budget
+    exp = explain(trace)
+    aside: list = []
+    found = suggest(trace, exp, str(tmp_path), budget, aside, Replay(trace))
+    first = found[0]
+    assert first.rule == "placement" and first.required
+    assert first.title.startswith("required to fit within 64 MiB of device memory: ")
+    assert "the device memory peak goes from" in first.detail
+    assert all(s.rule != "placement" for s in aside)
+    exp.device_memory_budget = budget
+    text = render_explain_text(exp, found, str(tmp_path))
+    assert "budget 64 MiB -- the run does not fit" in text.splitlines()[2]
+    after = text.split("Suggestions (", 1)[1].splitlines()
+    assert next(ln for ln in after[1:] if ln.strip()).startswith("1. required to fit")

@@ -90,6 +90,12 @@ class Explanation:
     #: what the trace lacks for attribution (an imported profile without Python stacks)
     notes: list[str] = field(default_factory=list)
     light: bool = False  # a light-mode trace: its times are the wall clock's, even simulated
+    #: what making every suggested edit together saves, from one replay of them all
+    #: (analysis/replay.joint_saving), and how it was found; None: not priced
+    together: tuple[int, str] | None = None
+    #: the run's device memory peak (None: not known) and the budget explain was given
+    peak_device_bytes: int | None = None
+    device_memory_budget: int | None = None
 
 
 def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
@@ -138,7 +144,8 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
                        sync_time_ns=sum(c.time_ns for c in sync),
                        notes=[u for u in trace.meta.untraced
                               if u in (NO_STACK_NOTE, LIGHT_SYNC_NOTE)],
-                       light=trace.meta.light)
+                       light=trace.meta.light,
+                       peak_device_bytes=trace.summary.peak_device_memory_bytes)
 
 
 def _step(c: CopyRecord, total: int, source: SourceReader) -> CopyStep:

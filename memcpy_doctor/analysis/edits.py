@@ -1,7 +1,7 @@
 """Source edits as unified diffs: wrap a statement in `memcpy_doctor.device_guard(...)` (and
-what such a guard costs at run time), or change one transfer call on a line (add
-`non_blocking=True`, drop a `.to(device)`), the call told apart from others on the line by
-where the trace says it ends.
+what such a guard costs at run time), change one transfer call on a line (drop a
+`.to(device)`), the call told apart from others on the line by where the trace says it
+ends, or give several lines new texts (`lines_change`).
 
 Reads the user's file (never writes it); the statement that holds the line is found with `ast`,
 so a statement spread over several lines is wrapped whole.
@@ -151,21 +151,6 @@ def _the_call(line: str, end_col: int | None) -> re.Match | None:
     if end_col is not None:
         calls = [m for m in calls if m.end() == end_col]
     return calls[0] if len(calls) == 1 else None
-
-
-def non_blocking_change(site: Site, cwd: str | None,
-                         end_col: int | None = None) -> LineChange | None:
-    def add(m: re.Match) -> str:
-        inner = m.group(2).strip()
-        return f".{m.group(1)}({inner + ', ' if inner else ''}non_blocking=True)"
-
-    def edit(line: str) -> str | None:
-        call = _the_call(line, end_col)  # (never another call on the same line)
-        if call is None or "non_blocking" in call.group(0):
-            return None
-        return line[:call.start()] + add(call) + line[call.end():]
-
-    return _line_change(site, cwd, edit)
 
 
 #: `.to(x)` / `.cuda()` arguments that only name a device (no dtype, no copy=, no tensor).

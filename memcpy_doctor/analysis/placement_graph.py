@@ -134,20 +134,36 @@ def placement_suggestions(trace: Trace, device_memory_bytes: int | None = None,
         diffs = [guard_diff(f, [ln for ff, ln in sites if ff == f], "cpu", cwd)
                  for f in sorted({f for f, _ in sites})]
         where = ", ".join(f"{short_path(f, cwd)}:{ln}" for f, ln in sites)
+        moved = [o for o in trace.ops if o.device != "cpu" and o.site is not None
+                 and _key(o.site) in to_host]
         budget = ("" if device_memory_bytes is None
                   else f" within {format_value('bytes', device_memory_bytes)} of device memory")
+        peak = trace.summary.peak_device_memory_bytes
+        required = (device_memory_bytes is not None and peak is not None
+                    and peak > device_memory_bytes)
+        freed = sum(n.device_bytes for n in graph.nodes
+                    if n.key in graph.observed_device and n.key in best.on_host)
+        reaches = ("" if peak is None else
+                   f"; the device memory peak goes from {format_value('bytes', peak)} to at "
+                   f"most {format_value('bytes', max(peak - freed, 0))} (less the "
+                   f"{format_value('bytes', freed)} of weights it keeps on the host; their "
+                   "gradients and optimizer state leave the device too)")
         suggestions.append(Suggestion(
             rule="placement",
-            title=f"place the ops at {where} on the host{budget}",
+            title=(f"required to fit{budget}: place the ops at {where} on the host"
+                   if required else f"place the ops at {where} on the host{budget}"),
             detail=(f"{best.method}; modeled cost {observed_cost(graph) / 1e6:.4g} ms as run, "
                     f"{(observed_cost(graph) - saving) / 1e6:.4g} ms with this edit, "
                     f"{best.cost_ns / 1e6:.4g} ms at the optimum"
                     + ("" if graph.measured_host else
-                       "; host cost estimated (not measured on a real GPU)")),
+                       "; host cost estimated (not measured on a real GPU)") + reaches
+                    + ("; without it the run does not fit the device at all, so it is "
+                       "listed whatever it costs" if required else "")),
             sites=[Site(f, ln, "") for f, ln in sites], removes=removed,
             saving_ns=saving,
             diff="".join(d for d in diffs if d) or None,
             apply={"kind": "device_guard", "device": "cpu",
                    "sites": [{"file": f, "line": ln} for f, ln in sites]},
-            exact=best.exact and graph.measured_host))
+            exact=best.exact and graph.measured_host,
+            moved=moved, cost_ns=guard_cost_ns(moved), required=required))
     return best, suggestions

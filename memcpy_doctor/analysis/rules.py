@@ -1,13 +1,15 @@
 """Suggestions: small rule classes, one per kind of finding, each with the edit it proposes
 and the time it saves.
 
-A rule's docstring shows the code it catches. Savings are estimated from the aggregated
-trace (`estimate_saving`), not by a replay of its timeline: a removed sync copy gives back the
-host time it blocked (its wait for the device included, which a device kept busy would not
-give back), an op moved to the host costs what it took on the CPU (modeled by the host
-roofline on the simulated GPU, docs/sim-time.md) instead of its launch, and a device_guard
-edit costs what the guard itself does at run time (the cost model's figures). An edit that
-costs more than it saves is not proposed.
+A rule's docstring shows the code it catches. Each suggestion says what its edit does to the
+run (`Suggestion.effect`, `moved`, `cost_ns`), and `suggest` prices it by replaying the
+run's timeline with the edit and without it (analysis/replay.py). A rule's own figure
+(`estimate_saving`) is the upper bound, used where the trace has no timeline: a removed sync
+copy gives back the host time it blocked (its wait for the device included, which a device
+kept busy would not give back), an op moved to the host costs what it took on the CPU
+(modeled by the host roofline on the simulated GPU, docs/sim-time.md) instead of its launch,
+and a device_guard edit costs what the guard itself does at run time (the cost model's
+figures). An edit that costs more than it saves is not proposed.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from ..core.trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation, read_line, user_site
 from ..core.costmodel import profile_of
 from ..core.paths import format_site, is_user_file
-from .edits import (LineChange, drop_transfer_change, guard_cost_ns, guard_diff,
-                    non_blocking_change)
+from .edits import LineChange, drop_transfer_change, guard_cost_ns, guard_diff
 from .placement_graph import placement_suggestions
 from .steady import per_step
 from .compile_rules import graph_break_suggestions
-from .suggestion import Suggestion
+from .replay import Replay, price
+from .suggestion import ONCE, Suggestion
 
 
 def estimate_saving(trace: Trace, removed: list[CopyRecord],
@@ -56,9 +58,17 @@ class Rule(abc.ABC):
 RULES: list[type[Rule]] = []
 
 
-def register(cls: type[Rule]) -> type[Rule]:
-    RULES.append(cls)
-    return cls
+def register(*rules: type[Rule]) -> type[Rule]:
+    """Add rules to RULES (`@register` on a class): each last, or, where it names a rule
+    already registered in its class attribute `before`, just before that one, so that it
+    claims first the copies both would remove (`suggest`)."""
+    for cls in rules:
+        before = getattr(cls, "before", None)
+        names = [r.name for r in RULES]
+        if before is not None and before not in names:
+            raise ValueError(f"rule {cls.name!r} goes before {before!r}, not registered")
+        RULES.insert(names.index(before) if before is not None else len(RULES), cls)
+    return rules[-1]
 
 
 def _ops_at(trace: Trace, sites: set[Site], device_only: bool = True) -> list[OpRecord]:
@@ -115,7 +125,7 @@ class HostRoundTrip(Rule):
                     "data on the device (plain PyTorch: nothing from memcpy-doctor at run time)"),
             sites=[upload.site], removes=removed,
             saving_ns=estimate_saving(trace, removed, moved, guarded=False),
-            diff=change[0], apply=change[1])
+            diff=change[0], apply=change[1], moved=moved)
 
     def _suggest(self, trace: Trace, chain: Chain, sites: set[Site],
                  removed: list[CopyRecord], moved: list[OpRecord],
@@ -137,21 +147,29 @@ class HostRoundTrip(Rule):
             saving_ns=estimate_saving(trace, removed, moved),
             diff="".join(d for d in diffs if d) or None,
             apply={"kind": "device_guard", "device": "cpu",
-                   "sites": [{"file": s.file, "line": s.line} for s in ordered]})
+                   "sites": [{"file": s.file, "line": s.line} for s in ordered]},
+            moved=moved, cost_ns=guard_ns)
 
 
 #: Copies a library makes because of a setting it documents: (a folder or file of the
 #: library, in the copy's stack with "/" for the separator; the copy's direction and
-#: triggers; whether the source must be pinned (None: either); the library; the advice).
+#: triggers; whether the source must be pinned (None: either); the library; the advice), and
+#: the version of each library whose own source the setting was read in. A library not
+#: listed gets no made-up setting. The reads to the host are logging: a setting that reads
+#: less often changes what is logged (`changes_results`).
+SETTING_VERSIONS = {"Lightning": "lightning 2.6.6", "the HF Trainer": "transformers 5.25.0",
+                    "accelerate": "accelerate 1.16.0"}
 LIBRARY_SETTINGS = (
     ("lightning/pytorch/", "DtoH", ("item",), None, "Lightning",
      "it reads what `self.log` records back to the host for the progress bar and the loggers: "
      "log with `on_step=False, on_epoch=True` or `prog_bar=False`, or set a larger "
      "`Trainer(log_every_n_steps=...)`"),
-    ("transformers/trainer.py", "DtoH", ("bool", "item"), None, "the HF Trainer",
+    ("transformers/trainer.py", "DtoH", ("bool", "item"), None,
+     "the HF Trainer",
      "it checks every step's loss for nan/inf (`TrainingArguments(logging_nan_inf_filter="
      "False)` turns that off) and reads the loss every `logging_steps`"),
-    ("transformers/trainer.py", "HtoD", ("to",), True, "the HF Trainer",
+    ("transformers/trainer.py", "HtoD", ("to",), True,
+     "the HF Trainer",
      "its batches are pinned (`dataloader_pin_memory`) but copied without non_blocking: "
      "`TrainingArguments(accelerator_config={\"non_blocking\": True})`"),
     ("accelerate/", "HtoD", ("to",), True, "accelerate",
@@ -187,13 +205,15 @@ class LibrarySetting(Rule):
             if found is None or user is None or c.site is user:
                 continue
             library, advice = found
+            advice += f" (the setting as read in {SETTING_VERSIONS[library]})"
             out.append(Suggestion(
                 rule=self.name,  # (the title tells one setting from another: see suggest)
                 title=f"change {library}'s setting for its "
                       f"{'reads to the host' if c.direction == 'DtoH' else 'copies to the device'}"
                       f" every step (under {format_site(user, cwd)})",
                 detail=f"{c.calls} {c.direction} `{c.trigger}` copies inside {library}; {advice}",
-                sites=[user], removes=[c], saving_ns=c.host_ns, exact=False))
+                sites=[user], removes=[c], saving_ns=c.host_ns, exact=False,
+                changes_results=c.direction == "DtoH"))
         return out
 
     @staticmethod
@@ -205,61 +225,6 @@ class LibrarySetting(Rule):
                     and any(where in f for f in files)):
                 return library, advice
         return None
-
-
-@register
-class PinnedNonBlocking(Rule):
-    """A host->device copy from pageable memory that the host waits for.
-
-        x = batch.to("cuda")               # the host stops until the copy is done
-
-    Pin the host tensor (`pin_memory()`, `DataLoader(pin_memory=True)`) and copy with
-    `non_blocking=True`: the copy overlaps with the host's work; results are unchanged (the
-    stream orders the copy before the ops that read it).
-    """
-
-    name = "pinned-non-blocking"
-    description = "Pin host memory and copy host->device with non_blocking=True"
-
-    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
-        out = []
-        for c in trace.copies:
-            if c.direction != "HtoD" or c.trigger not in ("to", "cuda", "copy_"):
-                continue
-            if c.sync is False and c.pinned:
-                continue
-            saving = c.host_ns - c.calls * _launch_ns(trace) if c.sync else 0
-            user = user_site(c)
-            if saving <= 0 or c.site is None or user is None:
-                continue
-            if user is not c.site and not per_step(c, trace.summary.total_ns):
-                continue  # a library's one-off copies (a model moved once): nothing to gain
-            out.append(self._suggest(c, user, saving, cwd))
-        return out
-
-    def _suggest(self, c: CopyRecord, user: Site, saving: int, cwd: str | None) -> Suggestion:
-        many = c.calls != 1
-        each = (f"{c.calls} host->device cop{'ies' if many else 'y'} of "
-                f"{c.bytes // max(c.calls, 1)} bytes{' each' if many else ''} from "
-                f"{'pinned' if c.pinned else 'pageable'} memory, "
-                f"{'each ' if many else ''}waited for")
-        if user is not c.site:  # made inside a library: advice at the user's call, no patch
-            return Suggestion(
-                rule=self.name, title=f"give pinned data to the call at {format_site(user, cwd)}",
-                detail=(f"{each}, made inside {format_site(c.site, cwd)}; pin what it is given "
-                        "(DataLoader(pin_memory=True)) and use the library's setting for "
-                        "non-blocking copies"),
-                sites=[user], removes=[c], saving_ns=saving, exact=False)
-        if c.pinned:  # pinned already: only the wait is left to remove
-            title = f"copy with non_blocking=True at {format_site(c.site, cwd)}"
-            how = "the source is pinned already"
-        else:
-            title = f"pin and copy with non_blocking=True at {format_site(c.site, cwd)}"
-            how = "pin the source where it is made (pin_memory(), or DataLoader(pin_memory=True))"
-        change = non_blocking_change(c.site, cwd, c.end_col)
-        return Suggestion(rule=self.name, title=title, detail=f"{each}; {how}", sites=[c.site],
-                          removes=[c], saving_ns=saving, diff=change[0] if change else None,
-                          apply=change[1] if change else None)
 
 
 def _launch_ns(trace: Trace) -> int:
@@ -312,7 +277,7 @@ class DeviceValueBranch(Rule):
                         "every k steps, or keep the decision on the device (torch.where, "
                         "torch.nan_to_num, torch.cond)"),
                 sites=[c.site], removes=[c], saving_ns=c.host_ns * (c.calls - 1) // c.calls,
-                exact=False))
+                exact=False, effect=ONCE))
         return out
 
 
@@ -346,7 +311,7 @@ class HostReadInLoop(Rule):
                       f"{format_site(c.site, cwd)}",
                 detail=(f"`{c.trigger}` reads a device value {c.calls} times and the host waits "
                         "each time; accumulate on the device (x.detach()) and read once"),
-                sites=[c.site], removes=[c], saving_ns=saving))
+                sites=[c.site], removes=[c], saving_ns=saving, effect=ONCE))
         return out
 
     #: How each trigger is written where the user's code reads the value itself.
@@ -367,16 +332,31 @@ class DataDependentShape(Rule):
     """An op whose output size depends on the data reads a count back to the host.
 
         idx = torch.nonzero(mask)          # the host waits to learn the size
-        y = x[mask]
+        s = x[mask].sum()                  # ... and here
 
-    Use `torch.where(mask, x, 0)` when a same-shape result will do, or
-    `torch.nonzero_static(mask, size=N)` / `repeat_interleave(..., output_size=N)` when a bound
-    is known.
+    Each replacement keeps results only under a condition, which the advice states:
+    `torch.where(mask, x, 0)` has the same sum as `x[mask]` (not the same elements, so it is
+    proposed only where the line reduces the masked tensor by `.sum()` at once; fed to a
+    loss, an index or a shape it would change results); `torch.nonzero_static(mask, size=N)`
+    and `repeat_interleave(..., output_size=N)` only where N is a known bound. A copy whose
+    line does not make the data-dependent op (a backward pass that replays it) gets nothing.
     """
 
     name = "data-dependent-shape"
     description = "Avoid data-dependent output sizes (where, nonzero_static, output_size)"
     TRIGGERS = ("nonzero", "mask", "unique", "repeat_interleave", "bincount")
+    #: What the line must show for the copy to be its own (not a backward pass's).
+    SPELLED = {"nonzero": ("nonzero", "where(", "argwhere"), "mask": ("[",),
+               "unique": ("unique",), "repeat_interleave": ("repeat_interleave",),
+               "bincount": ("bincount",)}
+    HINTS = {"nonzero": "torch.nonzero_static(x, size=N), which keeps results only where N "
+                        "is a known bound on the count (it pads past it)",
+             "unique": "a known bound, or keep the result on the device",
+             "repeat_interleave": "repeat_interleave(..., output_size=N), with N known "
+                                  "without reading the device (the same result)",
+             "bincount": "bincount(..., minlength=N) still reads the maximum: keep the "
+                         "counts on the device where a bound N is known (scatter_add_ into "
+                         "zeros(N))"}
 
     def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
         out = []
@@ -385,28 +365,40 @@ class DataDependentShape(Rule):
                 continue
             if c.site is None or not is_user_file(c.site.file):
                 continue
-            hint = {"nonzero": "torch.nonzero_static(x, size=N) or torch.where(cond, x, y)",
-                    "mask": "torch.where(mask, x, 0) (same shape) instead of x[mask]",
-                    "unique": "a known bound, or keep the result on the device",
-                    "repeat_interleave": "repeat_interleave(..., output_size=N)",
-                    "bincount": "a known minlength and a device-side bound"}[c.trigger]
+            line = read_line(c.site)
+            if line and not any(w in line for w in self.SPELLED[c.trigger]):
+                continue  # (another line's op, replayed here: a backward pass)
+            if c.trigger == "mask":
+                if not _MASKED_SUM.search(line):
+                    continue  # (its elements are used: no same-shape form keeps results)
+                hint = ("torch.where(mask, x, 0).sum() for x[mask].sum(): the same sum, "
+                        "with no count to read, where mask has x's shape")
+            else:
+                hint = self.HINTS[c.trigger]
             out.append(Suggestion(
                 rule=self.name,
                 title=f"avoid the data-dependent size at {format_site(c.site, cwd)}",
                 detail=f"{c.calls} host waits to learn an output size; use {hint}",
-                sites=[c.site], removes=[c], saving_ns=c.host_ns))
+                sites=[c.site], removes=[c], saving_ns=c.host_ns, exact=False))
         return out
+
+
+#: `x[mask].sum()` with nothing between the index and the sum.
+_MASKED_SUM = re.compile(r"\w\[[^\[\]]+\]\.sum\(\)")
 
 
 def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
             device_memory_bytes: int | None = None,
-            not_worth_it: list[Suggestion] | None = None) -> list[Suggestion]:
+            not_worth_it: list[Suggestion] | None = None,
+            replay: Replay | None = None) -> list[Suggestion]:
     """Every rule's suggestions: those for copies made every step first, edits of the user's
     own code before a library's settings, each group largest estimated saving first; one per
     distinct edit (the copy paths one edit removes merged into it) and none that saves
-    nothing. A copy is claimed by the first (most specific) rule that removes it. The
-    placement (a minimum cut over the op graph) comes first under a device memory budget,
-    last otherwise. Edits considered but estimated to save nothing go to `not_worth_it`."""
+    nothing. A copy is claimed by the first (most specific) rule that removes it. Each is
+    priced by replaying the run's timeline with its edit (analysis/replay.py; the rule's
+    upper bound where the trace has none). The placement (a minimum cut over the op graph)
+    comes first under a device memory budget, last otherwise. Edits considered but estimated
+    to save nothing go to `not_worth_it`."""
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
     batches.append(graph_break_suggestions(trace, cwd))  # a compiled program's breaks first
@@ -414,6 +406,7 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     if device_memory_bytes is None:
         batches.append(placed)
     found: list[Suggestion] = []
+    aside: list[Suggestion] = []
     claimed: set[int] = set()
     same_edit: dict[tuple, Suggestion] = {}  # one suggestion per distinct edit
     merged: set[int] = set()
@@ -421,9 +414,8 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
         for s in batch:
             if any(id(c) in claimed for c in s.removes):
                 continue
-            if s.saving_ns <= 0:
-                if not_worth_it is not None and s.title not in {x.title for x in not_worth_it}:
-                    not_worth_it.append(s)
+            if s.saving_ns <= 0 and not s.required:  # (the rule's bound: nothing to gain)
+                aside.append(s)
                 continue
             claimed.update(id(c) for c in s.removes)
             key = (s.rule, s.diff if s.diff is not None else s.title)
@@ -433,15 +425,31 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
                 found.append(s)
             else:  # another copy path the same edit removes: its calls and saving join in
                 first.removes = first.removes + s.removes
+                first.moved = first.moved + [o for o in s.moved if o not in first.moved]
                 first.saving_ns += s.saving_ns
                 merged.add(id(first))
     for s in found:
         if id(s) in merged:
-            s.detail += (f" (the figures of one copy path; this edit removes "
-                         f"{len(s.removes)} paths, {sum(c.calls for c in s.removes)} calls)")
+            s.detail += (f" (this edit removes {len(s.removes)} copy paths, "
+                         f"{sum(c.calls for c in s.removes)} calls)")
+    price(trace, found, replay)
+    aside += [s for s in found if s.saving_ns <= 0 and not s.required]
+    found = [s for s in found if s.saving_ns > 0 or s.required]
+    if not_worth_it is not None:
+        for s in aside:
+            if s.title not in {x.title for x in not_worth_it}:
+                not_worth_it.append(s)
     total = trace.summary.total_ns  # what repeats every step first, then setup; in each,
     found.sort(key=lambda s: (  # what the user's own code does before what a library does
+        not s.required,  # (what the run needs to fit the device before anything)
         not any(per_step(c, total) for c in s.removes),
         not all(is_user_file(x.file) for x in s.sites) or s.rule == "library-setting",
         -s.saving_ns))
     return found
+
+
+# The pinning rule (analysis/pinning.py) imports nothing from this module (no import
+# cycle): registered here, last.
+from .pinning import PinnedNonBlocking  # noqa: E402
+register(PinnedNonBlocking)
+

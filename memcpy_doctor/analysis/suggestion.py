@@ -49,3 +49,5 @@ class Suggestion:
     estimate: str = UPPER_BOUND
     #: what the edit costs the host at run time where it adds work (a guard's own cost)
     cost_ns: int = 0
+    #: needed whatever it costs: the run does not fit a device memory budget without it
+    required: bool = False

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from ..analysis.attribution import Chain, End, Explanation, user_site
-from ..analysis.suggestion import Suggestion
+from ..analysis.suggestion import REPLAYED, Suggestion
+from ..core.units import format_value
 from ..core.defaults import LIGHT_SYNC_TRIGGER
 from ..core.trace import CopyRecord, Trace, TransferRecord
 from ..core.paths import format_site
@@ -59,15 +60,55 @@ def _chain_text(i: int, chain: Chain, cwd: str | None) -> list[str]:
 def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
     calls = sum(c.calls for c in s.removes)
     lines = [f"{i}. {s.title}",
-             f"   saves ~{_ms(s.saving_ns)} (estimated; removes {len(s.removes)} copy "
+             f"   {_saves(s)} ({_how(s)}; removes {len(s.removes)} copy "
              f"path{'s' if len(s.removes) != 1 else ''}, {calls} calls)"
              f"{'' if s.exact else ' [heuristic]'}",
              f"   {s.detail}"]
+    if s.changes_results:
+        lines.append("   changes what the program computes or prints, by design (see the title)")
     if s.verified is not None:
         lines.append(f"   {_verified(s.verified)}")
     if s.diff:
         lines += ["", *("   " + ln for ln in s.diff.rstrip("\n").splitlines()), ""]
     return lines
+
+
+def _saves(s: Suggestion) -> str:
+    """"saves ~X", or, for an edit required whatever it costs, "costs ~X"."""
+    if s.saving_ns < 0:
+        return f"costs ~{_ms(-s.saving_ns)}"
+    return f"saves ~{_ms(s.saving_ns)}"
+
+
+def _how(s: Suggestion) -> str:
+    """How a saving was found, in a few words."""
+    if s.estimate == REPLAYED:
+        return "estimated by replaying the run's timeline with the edit"
+    return f"estimated, {s.estimate}"
+
+
+def _header_lines(exp: Explanation) -> list[str]:
+    """The device memory peak and budget; first of all when the peak exceeds the budget."""
+    peak, budget = exp.peak_device_bytes, exp.device_memory_budget
+    if peak is None and budget is None:
+        return []
+    shown = "not known" if peak is None else format_value("bytes", peak)
+    line = f"Device memory peak {shown}"
+    if budget is not None:
+        line += f"; budget {format_value('bytes', budget)}"
+        if peak is not None and peak > budget:
+            line += (" -- the run does not fit: the placement that fits comes first, "
+                     "required, whatever it costs")
+    return [line]
+
+
+def _together_line(exp: Explanation, suggestions: list[Suggestion]) -> list[str]:
+    if exp.together is None or len(suggestions) < 2:
+        return []
+    ns, how = exp.together
+    how = ("replayed together" if how == REPLAYED else how)
+    return [f"All {len(suggestions)} together save ~{_ms(ns)} ({how}; not the sum of their "
+            "savings, which overlap)", ""]
 
 
 def _setup_lines(chains: list[Chain], cwd: str | None) -> list[str]:
@@ -149,7 +190,7 @@ def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
     share = exp.sync_time_ns / exp.total_ns if exp.total_ns else 0.0
     lines = [f"Copies the host waited for ({place})",
              f"Total time {_ms(exp.total_ns)}; sync copies: {exp.sync_calls} calls, "
-             f"{_ms(exp.sync_time_ns)} ({share:.2%})", ""]
+             f"{_ms(exp.sync_time_ns)} ({share:.2%})", *_header_lines(exp), ""]
     lines += [f"Note: {n}" for n in exp.notes] + ([""] if exp.notes else [])
     if not exp.chains:
         lines.append("No copies the host waited for.")
@@ -163,6 +204,8 @@ def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
         lines += ["Setup and one-off (not every step):", *setup, ""]
     lines.append("Suggestions (every step's first, then largest estimated saving first)"
                  if suggestions else "No suggestions.")
+    if suggestions:
+        lines += ["", *_together_line(exp, suggestions)] if len(suggestions) > 1 else []
     for i, s in enumerate(suggestions, 1):
         lines += _suggestion_text(i, s, cwd)
     return "\n".join(lines).rstrip() + "\n"
@@ -182,6 +225,8 @@ def _end_dict(end: End | None) -> Any:
 def suggestion_dict(s: Suggestion) -> dict[str, Any]:
     return {"rule": s.rule, "title": s.title, "detail": s.detail,
             "sites": [_site_dict(x) for x in s.sites], "saving_ns": s.saving_ns,
+            "estimate": s.estimate, "changes_results": s.changes_results,
+            "required": s.required,
             "exact": s.exact, "removes": [{"direction": c.direction, "trigger": c.trigger,
                                            "site": _site_dict(c.site), "calls": c.calls}
                                           for c in s.removes],
@@ -196,6 +241,10 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
     data = {
         "total_ns": exp.total_ns, "simulated": exp.simulated, "device_name": exp.device_name,
         "sync_calls": exp.sync_calls, "sync_time_ns": exp.sync_time_ns,
+        "peak_device_memory_bytes": exp.peak_device_bytes,
+        "device_memory_budget_bytes": exp.device_memory_budget,
+        "together": None if exp.together is None else {
+            "saving_ns": exp.together[0], "estimate": exp.together[1]},
         "chains": [{
             "time_ns": ch.time_ns, "share": ch.share, "producer": _end_dict(ch.producer),
             "copies": [{"direction": st.copy.direction, "trigger": st.copy.trigger,
@@ -242,7 +291,7 @@ def render_explain_markdown(exp: Explanation, suggestions: list[Suggestion],
     if suggestions:
         lines += ["", "## Suggestions", ""]
         for i, s in enumerate(suggestions, 1):
-            lines += [f"{i}. **{s.title}**: saves ~{_ms(s.saving_ns)} (estimated). {s.detail}"]
+            lines += [f"{i}. **{s.title}**: {_saves(s)} ({_how(s)}). {s.detail}"]
             if s.diff:
                 lines += ["", "```diff", s.diff.rstrip("\n"), "```", ""]
     return "\n".join(lines).rstrip() + "\n"

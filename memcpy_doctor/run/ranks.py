@@ -22,6 +22,7 @@ from ..analysis.rules import suggest
 from ..core.defaults import EXIT_INTERRUPTED
 from ..core.trace import Trace, TraceError
 from ..render.diff import render_diff
+from ..analysis.replay import Replay, joint_saving
 from ..render.explain import render_explain
 from ..render.ranks import (DiffSide, render_diff_ranks, render_explain_ranks, render_ranks_text)
 from ..render.text import render_text
@@ -120,10 +121,13 @@ def explain_trace(trace: Trace, fmt: str, cwd: str, budget: int | None) -> str:
     memory budget cannot be met at all, since the user chose the budget."""
     explanation = explain(trace)
     not_worth_it: list = []
+    replay = Replay(trace)
     try:
-        suggestions = suggest(trace, explanation, cwd, budget, not_worth_it)
+        suggestions = suggest(trace, explanation, cwd, budget, not_worth_it, replay)
     except ValueError as e:
         raise InputError(str(e)) from None
+    explanation.together = joint_saving(trace, suggestions, replay)
+    explanation.device_memory_budget = budget
     return render_explain(explanation, suggestions, fmt, cwd, not_worth_it=not_worth_it)
 
 

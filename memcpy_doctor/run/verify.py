@@ -30,6 +30,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..analysis.attribution import Explanation, explain
+from ..analysis.replay import joint_saving
 from ..analysis.rules import suggest
 from ..analysis.suggestion import Suggestion
 from ..core.trace import Trace, TraceError
@@ -176,6 +177,7 @@ def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
                                   first_difference(printed, again, edited),
                                   s.changes_results)
             (kept if s.verified.helped else dropped if s.verified.worse else tried).append(s)
+    explanation.together = joint_saving(before, kept)  # (what is left, replayed together)
     return Verification(before, explanation, kept, tried, dropped, aside)
 
 

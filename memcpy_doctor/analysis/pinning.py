@@ -1,0 +1,313 @@
+"""Pinning: the rule that finds host->device copies the host waits for every step, and the
+edit that makes those on one line asynchronous: their source pinned where it is made, and
+`non_blocking=True` at the copies, as one edit of the user's file.
+
+`non_blocking=True` alone on pageable memory changes nothing the host waits for (the driver
+stages pageable memory, docs/cuda-semantics.md), so a source that is not pinned is pinned
+first, where it comes from:
+- a batch from a `DataLoader` built in the same file (`for x, y in loader:`):
+  `pin_memory=True` where that DataLoader is built (it pins only where a GPU is there);
+- a tensor assigned in the same function before the copy: a line after that assignment pins
+  it, `x = x.pin_memory() if torch.cuda.is_available() else x` (`pin_memory()` raises on a
+  machine without a GPU);
+otherwise no edit is offered (the advice says where to pin). Read from the file with `ast`;
+nothing is written.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from ..core.costmodel import profile_of
+from ..core.paths import format_site
+from ..core.trace import CopyRecord, Site, Trace
+from .attribution import Explanation, user_site
+from .edits import LineChange, indent_of, lines_change
+from .steady import per_step
+from .suggestion import ASYNC, Suggestion
+
+TRANSFER_METHODS = ("to", "cuda")
+
+
+@dataclass
+class PinPlan:
+    """New texts for lines of one file (1-based line -> text, one or more lines), where the
+    source gets pinned ("" when it is pinned already), and whether it is pinned for every
+    copy (in the loop) or once (made before the loop)."""
+
+    file: str
+    lines: dict[int, str]
+    pinned_at: str
+    every_call: bool = True
+    in_thread: bool = False  # pinned by a DataLoader's pin-memory thread, not the main one
+
+
+def _parse(path: str) -> tuple[ast.Module, list[str]] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        return ast.parse(text), text.splitlines()
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _transfer_calls(tree: ast.AST, line: int) -> list[ast.Call]:
+    return [n for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in TRANSFER_METHODS and n.lineno == line == n.end_lineno]
+
+
+def _with_non_blocking(text: str, calls: list[ast.Call]) -> str:
+    """`text` with `non_blocking=True` added to each of `calls` (all on this line)."""
+    for call in sorted(calls, key=lambda c: -c.end_col_offset):
+        if any(k.arg == "non_blocking" for k in call.keywords):
+            continue
+        close = call.end_col_offset - 1  # the ")"
+        inner = text[call.func.end_col_offset + 1:close].strip()
+        text = text[:close] + (", " if inner else "") + "non_blocking=True" + text[close:]
+    return text
+
+
+def _enclosing_loop(tree: ast.Module, line: int) -> ast.For | None:
+    best = None
+    for n in ast.walk(tree):
+        if isinstance(n, ast.For) and n.lineno < line <= (n.end_lineno or n.lineno):
+            if best is None or n.lineno > best.lineno:
+                best = n
+    return best
+
+
+def _names(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _root(expr: ast.AST) -> str | None:
+    """The name an expression such as `batch["x"].float` starts from."""
+    while isinstance(expr, (ast.Subscript, ast.Attribute)):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def _loader_of(tree: ast.Module, loop: ast.For) -> ast.Call | None:
+    """The `DataLoader(...)` call that builds what `loop` iterates over (directly, or through
+    `enumerate`), when it is assigned to a plain name in this file."""
+    it = loop.iter
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "enumerate":
+        it = it.args[0] if it.args else it
+    if not isinstance(it, ast.Name):
+        return None
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name) and n.targets[0].id == it.id
+                and isinstance(n.value, ast.Call)):
+            func = n.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "DataLoader":
+                return n.value
+    return None
+
+
+def _assignment_before(tree: ast.Module, name: str, line: int) -> ast.Assign | None:
+    """The last plain `name = ...` statement before `line` in the function (or module) that
+    holds `line`."""
+    scope: ast.AST = tree
+    for n in ast.walk(tree):
+        if (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.lineno <= line <= (n.end_lineno or n.lineno)
+                and (scope is tree or n.lineno > scope.lineno)):
+            scope = n
+    best = None
+    for n in ast.walk(scope):
+        if (isinstance(n, ast.Assign) and (n.end_lineno or n.lineno) < line
+                and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                and n.targets[0].id == name):
+            if best is None or n.lineno > best.lineno:
+                best = n
+    return best
+
+
+def _imports_torch(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None
+                                                  for a in n.names)
+               for n in tree.body)
+
+
+def pin_plan(copies: list[CopyRecord]) -> PinPlan | None:
+    """The edit that pins the sources of `copies` (host->device copies made at one line of
+    the user's code) and copies them with non_blocking; None when no such edit is found."""
+    site = copies[0].site
+    parsed = _parse(site.file)
+    if parsed is None:
+        return None
+    tree, text = parsed
+    if not 0 < site.line <= len(text):
+        return None
+    ends = {c.end_col for c in copies}
+    calls = [c for c in _transfer_calls(tree, site.line)
+             if None in ends or c.end_col_offset in ends]
+    if not calls:
+        return None
+    lines = {site.line: _with_non_blocking(text[site.line - 1], calls)}
+    if all(c.pinned for c in copies):
+        return PinPlan(site.file, lines, "")
+    roots = {_root(c.func.value) for c in calls}
+    loop = _enclosing_loop(tree, site.line)
+    if loop is not None and roots <= _names(loop.target):
+        loader = _loader_of(tree, loop)
+        if loader is None:
+            return None
+        if not any(k.arg == "pin_memory" for k in loader.keywords):
+            end = loader.end_lineno
+            row = text[end - 1]
+            close = loader.end_col_offset - 1
+            before = row[:close].rstrip()
+            sep = "" if before.endswith(("(", ",")) else ", "
+            lines[end] = row[:close].rstrip() + sep + "pin_memory=True" + row[close:]
+        elif not any(k.arg == "pin_memory" and isinstance(k.value, ast.Constant)
+                     and k.value.value is True for k in loader.keywords):
+            return None  # (pin_memory set some other way: leave it to the user)
+        workers = next((k.value for k in loader.keywords if k.arg == "num_workers"), None)
+        threaded = (isinstance(workers, ast.Constant) and isinstance(workers.value, int)
+                    and workers.value > 0)  # (then a thread of the DataLoader's pins)
+        return PinPlan(site.file, lines, f"DataLoader at line {loader.lineno}",
+                       every_call=not threaded, in_thread=threaded)
+    names = {c.func.value.id for c in calls if isinstance(c.func.value, ast.Name)}
+    if not _imports_torch(tree) or len(names) != len(calls):
+        return None  # (a source that is not a plain name: no place to pin it found)
+    pins = []
+    for name in sorted(names):
+        made = _assignment_before(tree, name, site.line)
+        if made is None or made.end_lineno in lines:
+            return None
+        end = made.end_lineno
+        pin = f"{indent_of(text[made.lineno - 1])}{name} = " \
+              f"{name}.pin_memory() if torch.cuda.is_available() else {name}"
+        lines[end] = text[end - 1] + "\n" + pin
+        pins.append(f"line {made.lineno}")
+    inside = loop is not None and all(
+        loop.lineno < _assignment_before(tree, n, site.line).lineno for n in names)
+    return PinPlan(site.file, lines, "after " + ", ".join(pins), inside)
+
+
+def plan_change(plan: PinPlan, cwd: str | None) -> LineChange | None:
+    return lines_change(plan.file, plan.lines, cwd)
+
+
+def pin_cost_ns(plan: PinPlan, copies: list[CopyRecord], host_bytes_per_s: float) -> int:
+    """What pinning costs the host: a copy of the source into pinned memory at the host's
+    memory bandwidth, for every copy where the source is made in the loop, else once;
+    nothing where a DataLoader's own thread pins (it runs beside the main thread)."""
+    if plan.in_thread:
+        return 0
+    nbytes = sum(c.bytes if plan.every_call else c.bytes // max(c.calls, 1)
+                 for c in copies if not c.pinned)
+    return int(nbytes / host_bytes_per_s * 1e9)
+
+
+class PinnedNonBlocking:
+    """Host->device copies from pageable memory, or without non_blocking, that the host waits
+    for, every step.
+
+        for x, y in loader:                # DataLoader(ds) pins nothing
+            x = x.to("cuda")               # the host stops until the copy is done
+            y = y.to("cuda", non_blocking=True)   # still waits: pageable memory is staged
+
+    Pin the source where it is made (`DataLoader(pin_memory=True)`, `.pin_memory()`) and copy
+    with `non_blocking=True`, as one edit (analysis/pin_edits.py): the copy overlaps with
+    the host's work; results are unchanged (the stream orders the copy before the ops that
+    read it). All copies on one line, and every line fed by one DataLoader, are one edit.
+    Copies made once (setup: a model moved) are listed by explain, not "fixed".
+    """
+
+    name = "pinned-non-blocking"
+    description = "Pin host memory and copy host->device with non_blocking=True"
+    # (a rules.Rule by shape; analysis/rules.py registers it, as this module does not import
+    # that one, which imports it)
+
+    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
+        by_line: dict[tuple, list[CopyRecord]] = {}
+        advice = []
+        for c in trace.copies:
+            if (c.direction != "HtoD" or c.trigger not in ("to", "cuda", "copy_")
+                    or not c.sync or c.site is None
+                    or not per_step(c, trace.summary.total_ns)):
+                continue
+            user = user_site(c)
+            if user is None:
+                continue
+            if user is not c.site:  # made inside a library: advice at the user's call
+                advice.append(self._inside(c, user, profile_of(trace).launch_ns, cwd))
+            else:
+                by_line.setdefault((c.site.file, c.site.line), []).append(c)
+        plans = [(copies, pin_plan(copies)) for copies in by_line.values()]
+        return [self._suggest(trace, group, plan, cwd)
+                for group, plan in _merge_plans(plans)] + advice
+
+    @staticmethod
+    def _inside(c: CopyRecord, user: Site, launch_ns: int, cwd: str | None) -> Suggestion:
+        return Suggestion(
+            rule=PinnedNonBlocking.name,
+            title=f"copies to the device inside the call at {format_site(user, cwd)}",
+            detail=(f"{_each(c)}, made inside {format_site(c.site, cwd)} without "
+                    "non_blocking; memcpy-doctor knows no setting of that library that makes "
+                    "them non-blocking, so pinning what it is given would not remove the "
+                    "wait: move the data to the device yourself before the call (pinned, "
+                    "non_blocking=True), or leave it"),
+            sites=[user], removes=[c], saving_ns=c.host_ns - c.calls * launch_ns,
+            exact=False, effect=ASYNC)
+
+    def _suggest(self, trace: Trace, copies: list[CopyRecord], plan: PinPlan | None,
+                 cwd: str | None) -> Suggestion:
+        launch = profile_of(trace).launch_ns
+        saving = sum(c.host_ns - c.calls * launch for c in copies)
+        sites = sorted({c.site for c in copies}, key=lambda x: (x.file, x.line))
+        where = ", ".join(format_site(x, cwd) for x in sites)
+        each = "; ".join(_each(c) for c in copies)
+        change = plan_change(plan, cwd) if plan is not None else None
+        if all(c.pinned for c in copies):
+            title, how = (f"copy with non_blocking=True at {where}",
+                          "the source is pinned already")
+        elif change is not None:
+            title = f"pin the source and copy with non_blocking=True at {where}"
+            how = f"pinned {plan.pinned_at}, only where a GPU is there"
+        else:
+            title = f"pin the source and copy with non_blocking=True at {where}"
+            how = ("pin the source where it is made (DataLoader(pin_memory=True), or "
+                   "x.pin_memory() where a GPU is there), then add non_blocking=True: "
+                   "non_blocking alone on pageable memory still blocks (no edit found that "
+                   "does both)")
+        cost = (pin_cost_ns(plan, copies, profile_of(trace).host_memory_bandwidth)
+                if plan is not None else 0)
+        return Suggestion(rule=self.name, title=title, detail=f"{each}; {how}", sites=sites,
+                          removes=copies, saving_ns=saving - cost,
+                          diff=change[0] if change else None,
+                          apply=change[1] if change else None,
+                          exact=change is not None, effect=ASYNC, cost_ns=cost)
+
+
+def _each(c: CopyRecord) -> str:
+    many = c.calls != 1
+    asked = " asked non_blocking" if c.non_blocking and not c.pinned else ""
+    return (f"{c.calls} host->device cop{'ies' if many else 'y'} of "
+            f"{c.bytes // max(c.calls, 1)} bytes{' each' if many else ''} from "
+            f"{'pinned' if c.pinned else 'pageable'} memory{asked}, "
+            f"{'each ' if many else ''}waited for")
+
+
+def _merge_plans(plans: list[tuple[list[CopyRecord], PinPlan | None]]
+                 ) -> list[tuple[list[CopyRecord], PinPlan | None]]:
+    """One edit per edited line: groups whose plans edit a line in common become one (a
+    DataLoader that feeds copies on two lines is pinned once)."""
+    merged: list[tuple[list[CopyRecord], PinPlan | None]] = []
+    for copies, plan in plans:
+        for i, (other, other_plan) in enumerate(merged):
+            if (plan is not None and other_plan is not None and plan.file == other_plan.file
+                    and set(plan.lines) & set(other_plan.lines)):
+                lines = {**other_plan.lines, **plan.lines}
+                at = dict.fromkeys(x for x in (other_plan.pinned_at, plan.pinned_at) if x)
+                merged[i] = (other + copies, PinPlan(plan.file, lines, ", ".join(at)))
+                break
+        else:
+            merged.append((copies, plan))
+    return merged
