@@ -409,3 +409,31 @@ def test_report_counts_pageable_non_blocking_copies_and_shows_the_peak():
             "stages pageable memory, so they block; pin the source\n") in report
     assert prof.trace.summary.peak_device_memory_bytes == 16_000
     assert "\nDevice memory peak: 15.6 KiB\n" in report
+
+
+def test_pinning_costs_the_host_a_copy_at_its_memory_bandwidth():
+    """`pin_memory()` copies into page-locked memory: the simulated host pays that copy, so a
+    fix that pins every step is not graded free (issue 40); DataLoader's pinning in the main
+    thread (num_workers=0) pays it too."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from memcpy_doctor.core.costmodel import load_profile
+
+    profile = load_profile()
+    x = torch.ones(1 << 20)  # 4 MiB
+    totals = []
+    for pin in (False, True):
+        with memcpy_doctor.profiler(device="sim") as prof:
+            y = x.pin_memory() if pin else x
+            assert y.is_pinned() == pin
+        totals.append(prof.trace.summary.total_ns)
+    assert totals[1] - totals[0] == profile.host_op_ns + int(x.nbytes / 1e10 * 1e9)
+    assert profile.host_memory_bandwidth == 1e10
+    loaders = []
+    for pin in (False, True):
+        with memcpy_doctor.profiler(device="sim") as prof:
+            for (batch,) in DataLoader(TensorDataset(x.view(4, -1)), batch_size=2,
+                                       pin_memory=pin):
+                assert batch.is_pinned() == pin
+        loaders.append(prof.trace.summary.total_ns)
+    assert loaders[1] - loaders[0] == 2 * (profile.host_op_ns + int(x.nbytes / 2 / 1e10 * 1e9))

@@ -83,6 +83,7 @@ class SimDevice:
         #: torch.cuda.set_sync_debug_mode's level on this device: 0 default, 1 warn, 2 error
         self.sync_debug = 0
         self.main_state = state_factory(self)
+        self.main_ident = get_ident()  # (made by Tracer.start, in the tracing thread)
         #: the contexts of other traced threads, by thread ident (see Tracer.thread_modes)
         self.thread_states: dict[int, ThreadContext] = {}
         self.getters: dict[Any, Callable] = {
@@ -363,10 +364,23 @@ class SimDevice:
                      into_existing=True, asked=asked)
         return dst
 
-    def pin_tensor(self, t: Tensor) -> Tensor:
-        """A pinned copy of a host tensor (untraced; safe from another thread)."""
+    def pin_tensor(self, t: Tensor, st: ThreadContext | None = None) -> Tensor:
+        """A pinned copy of a host tensor (untraced; safe from another thread). Pinning copies
+        the data into page-locked memory: the calling thread's host pays that copy at the
+        host's memory bandwidth (docs/sim-time.md), as a GPU's host does, so that a fix that
+        pins every step is not graded free. `st`: the caller's context, where known; else the
+        calling thread's if it is traced (a DataLoader pins in the main thread with
+        num_workers=0, in a pin-memory thread of its own otherwise)."""
         out = self.raw_copy(t, None, torch.contiguous_format)
         self.pinned_marks.add(storage_of(out))
+        if st is None:
+            ident = get_ident()
+            st = self.thread_states.get(ident) or (
+                self.main_state if ident == self.main_ident else None)
+        if st is not None and st.timeline is not None:
+            profile = st.profile
+            st.timeline.host(profile.host_op_ns
+                             + int(t.nbytes / profile.host_memory_bandwidth * 1e9))
         return out
 
     def _pin_memory(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -374,8 +388,9 @@ class SimDevice:
         if self.on_device(t):
             raise RuntimeError(f"cannot pin '{self._type(Tensor.type, (t,), {})}' only dense "
                                "CPU tensors can be pinned")
-        out = self.pin_tensor(t)
-        self.st.collector.inherit_producer(out, t)
+        st = self.st
+        out = self.pin_tensor(t, st)
+        st.collector.inherit_producer(out, t)
         return out
 
     # ----- factories -----
