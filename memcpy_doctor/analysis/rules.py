@@ -432,7 +432,8 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
         if id(s) in merged:
             s.detail += (f" (this edit removes {len(s.removes)} copy paths, "
                          f"{sum(c.calls for c in s.removes)} calls)")
-    price(trace, found, replay)
+    replay = replay or Replay(trace)
+    price(trace, found + aside, replay)  # (what is set aside shows its figure too)
     aside += [s for s in found if s.saving_ns <= 0 and not s.required]
     found = [s for s in found if s.saving_ns > 0 or s.required]
     if not_worth_it is not None:
