@@ -389,7 +389,9 @@ def test_a_branch_on_a_device_value_in_a_loop(tmp_path, line, trigger, kind):
                   summarize(10_000_000, [], [copy]), [], [], [copy], [])
     (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
     assert (s.rule, s.title) == ("device-value-branch",
-                                 f"test the device value less often at b.py:{line}")
+                                 f"test the device value less often at b.py:{line} "
+                                 "(changes when the branch is taken)")
+    assert s.changes_results  # (testing every k steps can run k - 1 steps more)
     assert s.detail.startswith(f"the {kind} waits for the device 8 times")
     assert s.saving_ns == 70_000  # all but one of the 8 waits
     copy.calls = 1  # a branch taken once is not in a loop

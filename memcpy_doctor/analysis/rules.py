@@ -272,12 +272,14 @@ class DeviceValueBranch(Rule):
             kind = "loop condition" if line.startswith("while") else "branch"
             out.append(Suggestion(
                 rule=self.name,
-                title=f"test the device value less often at {format_site(c.site, cwd)}",
+                title=f"test the device value less often at {format_site(c.site, cwd)} "
+                      "(changes when the branch is taken)",
                 detail=(f"the {kind} `{line}` waits for the device {c.calls} times; test it "
-                        "every k steps, or keep the decision on the device (torch.where, "
-                        "torch.nan_to_num, torch.cond)"),
+                        "every k steps (the loop may run up to k - 1 steps more, so results "
+                        "can change), or keep the decision on the device (torch.where, "
+                        "torch.nan_to_num, torch.cond: the same results)"),
                 sites=[c.site], removes=[c], saving_ns=c.host_ns * (c.calls - 1) // c.calls,
-                exact=False, effect=ONCE))
+                exact=False, effect=ONCE, changes_results=True))
         return out
 
 
