@@ -172,13 +172,7 @@ def render_verification(exp: Explanation, kept: list[Suggestion], tried: list[Su
     if fmt != "json":
         return (render_explain(exp, kept, fmt, cwd)
                 + render_set_aside(not_worth_it, dropped, tried))
-    data = json.loads(render_explain_json(exp, kept, dropped, not_worth_it))
-    data["tried"] = [suggestion_dict(s) for s in tried]
-    for key, found in (("suggestions", kept), ("dropped", dropped), ("tried", tried)):
-        for entry, s in zip(data[key], found):
-            if s.verified is not None:
-                entry["verify"].update(_verify_extra(s.verified))
-    return json.dumps(data, indent=1) + "\n"
+    return render_explain_json(exp, kept, dropped, not_worth_it, tried)
 
 
 def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
@@ -232,12 +226,13 @@ def suggestion_dict(s: Suggestion) -> dict[str, Any]:
                                           for c in s.removes],
             "diff": s.diff, "apply": s.apply, "verify": None if s.verified is None else {
                 "verdict": s.verified.verdict, "sync_calls": list(s.verified.sync_calls),
-                "total_ns": list(s.verified.total_ns)}}
+                "total_ns": list(s.verified.total_ns), **_verify_extra(s.verified)}}
 
 
 def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
                         dropped: list[Suggestion] | None = None,
-                        not_worth_it: list[Suggestion] | None = None) -> str:
+                        not_worth_it: list[Suggestion] | None = None,
+                        tried: list[Suggestion] | None = None) -> str:
     data = {
         "total_ns": exp.total_ns, "simulated": exp.simulated, "device_name": exp.device_name,
         "sync_calls": exp.sync_calls, "sync_time_ns": exp.sync_time_ns,
@@ -263,6 +258,8 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
         data["notes"] = exp.notes
     if dropped is not None:  # (explain --verify)
         data["dropped"] = [suggestion_dict(s) for s in dropped]
+    if tried is not None:
+        data["tried"] = [suggestion_dict(s) for s in tried]
     data["not_worth_it"] = [suggestion_dict(s) for s in not_worth_it or []]
     return json.dumps(data, indent=1) + "\n"
 
@@ -292,6 +289,8 @@ def render_explain_markdown(exp: Explanation, suggestions: list[Suggestion],
         lines += ["", "## Suggestions", ""]
         for i, s in enumerate(suggestions, 1):
             lines += [f"{i}. **{s.title}**: {_saves(s)} ({_how(s)}). {s.detail}"]
+            if s.verified is not None:
+                lines += ["", f"   {_verified(s.verified)}"]
             if s.diff:
                 lines += ["", "```diff", s.diff.rstrip("\n"), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
