@@ -21,8 +21,8 @@ An edit changes some copies (`Suggestion.effect`: dropped; one call left, after 
 async, as pinned memory copies) and runs some ops on the host (their modeled or measured host
 time, `OpRecord.run_ns`). The saving is the difference of the two replays' ends.
 
-The timeline is a bounded prefix of the run. Where the run went on past it, the saving of the
-window is scaled by the calls the edit changes in the whole run over those in the window (a
+The timeline is a bounded prefix of the run, and the replay plays at most its first
+REPLAY_EVENTS. Where the run went on past them, the saving of the window is scaled by the calls the edit changes in the whole run over those in the window (a
 steady loop repeats its steps); where none of them is in the window, or the trace has no
 timeline (older traces, light ones, imported ones), the estimate stays the rule's upper
 bound and says so. Events of other threads than the tracer's are not replayed (their host
@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.costmodel import profile_of
+from ..core.defaults import REPLAY_EVENTS
 from ..core.trace import Trace
 from .suggestion import ASYNC, DROP, ONCE, REPLAYED, UPPER_BOUND, Suggestion
 
@@ -68,7 +69,8 @@ class Replay:
             self.why_not = UPPER_BOUND
         elif trace.meta.light:
             self.why_not = "upper bound (a light trace's timeline has no ops)"
-        self.complete = timeline is not None and timeline.dropped == 0
+        self.complete = (timeline is not None and timeline.dropped == 0
+                         and len(timeline.events) <= REPLAY_EVENTS)
         self.profile = profile_of(trace)
         self.trailing_ns = 0
         self.steps = [] if self.why_not else self._steps()
@@ -81,7 +83,7 @@ class Replay:
         steps: list[_Step] = []
         last_end = 0
         device_free = 0  # as recorded: to tell a blocking event's own time from its wait
-        for e in self.trace.timeline.events:
+        for e in self.trace.timeline.events[:REPLAY_EVENTS]:
             if e.thread is not None:
                 continue
             gap = max(0, e.host_start_ns - last_end)
@@ -193,7 +195,7 @@ def price(trace: Trace, suggestions: list[Suggestion], replay: Replay | None = N
         if saved is None:
             s.estimate = replay.why_not or (
                 f"upper bound (its copies are past the timeline's first "
-                f"{len(trace.timeline.events)} events)")
+                f"{len(replay.steps)} events replayed)")
             continue
         s.saving_ns = saved - s.cost_ns
         s.estimate = REPLAYED

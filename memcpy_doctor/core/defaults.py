@@ -52,6 +52,12 @@ CHROME_EVENTS = 200_000
 #: the trace does not grow with the run; past it the per-op path pays one comparison.
 TIMELINE_EVENTS = 10_000
 
+#: explain's replay plays at most this many of a timeline's first events (a trace profiled
+#: with a larger --timeline-events): past them, a saving is scaled by the calls it changes,
+#: as past the timeline's end, so that explain stays well under a second (issue 40;
+#: benchmarks/explain_replay.py).
+REPLAY_EVENTS = 100_000
+
 #: The tracer's table of which op made each live tensor is swept of freed tensors' entries
 #: once it holds twice as many entries as after the last sweep, and never below this size
 #: (the Python version of the table; the compiled one sweeps whenever it fills, from 64).
