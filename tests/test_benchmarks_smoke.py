@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -173,3 +174,15 @@ def test_gpu_run_stops_a_step_at_the_budget_and_runs_none_after(tmp_path):
         ("gpu-trace-cost", None, 0), ("light-overhead", None, 0), ("fidelity", None, 0)]
     log = (out / "log.txt").read_text()
     assert "=== versions: not run, the budget of 5 s is spent\n" in log
+
+
+def test_explain_replay_benchmark_runs(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "explain_replay.py"),
+                           "--ops", "700", "--repeats", "1", "--keep",
+                           str(tmp_path / "t.json")], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "701 op calls, 1001 timeline events" in done.stdout  # (randn first; 300 reads)
+    found = re.search(r"explain with the replay: +[\d.]+ ms \((\d+) suggestions\)",
+                      done.stdout)
+    assert found and int(found.group(1)) >= 1  # (the loop's .item() at least)
