@@ -451,8 +451,11 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     return found
 
 
-# The pinning rule (analysis/pinning.py) imports nothing from this module (no import
-# cycle): registered here, last.
+# The pinning rule (analysis/pinning.py) and the expert rules (analysis/expert_rules.py)
+# import nothing from this module (no import cycle): registered here, last, each expert rule
+# before the rule its `before` names.
 from .pinning import PinnedNonBlocking  # noqa: E402
+from .expert_rules import EXPERT_RULES  # noqa: E402
 register(PinnedNonBlocking)
+register(*EXPERT_RULES)
 
