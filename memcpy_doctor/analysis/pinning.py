@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ..core.costmodel import profile_of
+from ..core.costmodel import DeviceProfile, profile_of
 from ..core.paths import format_site
 from ..core.trace import CopyRecord, Site, Trace
 from .attribution import Explanation, user_site
@@ -194,15 +194,14 @@ def plan_change(plan: PinPlan, cwd: str | None) -> LineChange | None:
     return lines_change(plan.file, plan.lines, cwd)
 
 
-def pin_cost_ns(plan: PinPlan, copies: list[CopyRecord], host_bytes_per_s: float) -> int:
-    """What pinning costs the host: a copy of the source into pinned memory at the host's
-    memory bandwidth, for every copy where the source is made in the loop, else once;
-    nothing where a DataLoader's own thread pins (it runs beside the main thread)."""
+def pin_cost_ns(plan: PinPlan, copies: list[CopyRecord], profile: DeviceProfile) -> int:
+    """What pinning costs the host (DeviceProfile.pin_ns), for every copy where the source
+    is made in the loop, else once; nothing where a DataLoader's own thread pins (it runs
+    beside the main thread)."""
     if plan.in_thread:
         return 0
-    nbytes = sum(c.bytes if plan.every_call else c.bytes // max(c.calls, 1)
-                 for c in copies if not c.pinned)
-    return int(nbytes / host_bytes_per_s * 1e9)
+    return sum(profile.pin_ns(c.bytes // max(c.calls, 1)) * (c.calls if plan.every_call else 1)
+               for c in copies if not c.pinned)
 
 
 class PinnedNonBlocking:
@@ -277,7 +276,7 @@ class PinnedNonBlocking:
                    "x.pin_memory() where a GPU is there), then add non_blocking=True: "
                    "non_blocking alone on pageable memory still blocks (no edit found that "
                    "does both)")
-        cost = (pin_cost_ns(plan, copies, profile_of(trace).host_memory_bandwidth)
+        cost = (pin_cost_ns(plan, copies, profile_of(trace))
                 if plan is not None else 0)
         return Suggestion(rule=self.name, title=title, detail=f"{each}; {how}", sites=sites,
                           removes=copies, saving_ns=saving - cost,

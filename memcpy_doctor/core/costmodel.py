@@ -102,6 +102,11 @@ class DeviceProfile:
                 seconds = compute
         return self.host_op_ns + round(seconds * 1e9)
 
+    def pin_ns(self, nbytes: int) -> int:
+        """Host time to pin a tensor of `nbytes`: a copy into page-locked memory at the host's
+        memory bandwidth (`pin_memory()`; the staging a pageable copy spares)."""
+        return self.host_op_ns + int(nbytes / self.host_memory_bandwidth * 1e9)
+
     def copy_ns(self, direction: str, nbytes: int, pinned: bool | None) -> int:
         """Modeled device time of one transfer (DMA setup plus bytes over the link);
         unknown pinnedness (None) counts as pageable."""

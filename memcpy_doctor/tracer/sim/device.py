@@ -328,15 +328,10 @@ class SimDevice:
             sync, host_ns = True, tl.blocking(profile.launch_ns, device_ns, profile.sync_ns)
         elif pinned:
             sync, host_ns = False, tl.enqueue(profile.launch_ns, device_ns)
-        else:
-            # non_blocking from pageable memory: cudaMemcpyAsync "might be synchronous with
-            # respect to host" (CUDA runtime API, "API synchronization behavior"): the driver
-            # stages pageable memory through its own pinned buffers and returns once the last
-            # is staged, so the host is blocked for the copy at pageable bandwidth. The
-            # stream sync the docs say the driver "may" do first is not modeled: the host
-            # does not wait for earlier device work (Timeline.staged). A sync copy, then,
-            # that still shows it asked non_blocking; PyTorch takes its non_blocking path,
-            # which calls no warn_or_error_on_sync (no synced() here).
+        else:  # non_blocking from pageable memory: the host stages it, blocked for the copy
+            # at pageable bandwidth, with no wait for earlier work (Timeline.staged; the why
+            # and CUDA's words are in docs/sim-time.md). A sync copy that shows it asked
+            # non_blocking; PyTorch's non_blocking path never calls warn_or_error_on_sync.
             sync, host_ns = True, tl.staged(profile.launch_ns, device_ns)
         st.record_copy(direction, sync, pinned, trigger, nbytes, host_ns, device_ns, site, src,
                        dst, dst, into_existing, non_blocking if asked is None else asked)
@@ -365,12 +360,9 @@ class SimDevice:
         return dst
 
     def pin_tensor(self, t: Tensor, st: ThreadContext | None = None) -> Tensor:
-        """A pinned copy of a host tensor (untraced; safe from another thread). Pinning copies
-        the data into page-locked memory: the calling thread's host pays that copy at the
-        host's memory bandwidth (docs/sim-time.md), as a GPU's host does, so that a fix that
-        pins every step is not graded free. `st`: the caller's context, where known; else the
-        calling thread's if it is traced (a DataLoader pins in the main thread with
-        num_workers=0, in a pin-memory thread of its own otherwise)."""
+        """A pinned copy of a host tensor (untraced; safe from another thread), its copy into
+        page-locked memory paid by `st`'s host (docs/sim-time.md) or, where not given, by the
+        calling thread's if it is traced (a DataLoader with num_workers=0 pins in it)."""
         out = self.raw_copy(t, None, torch.contiguous_format)
         self.pinned_marks.add(storage_of(out))
         if st is None:
@@ -378,9 +370,7 @@ class SimDevice:
             st = self.thread_states.get(ident) or (
                 self.main_state if ident == self.main_ident else None)
         if st is not None and st.timeline is not None:
-            profile = st.profile
-            st.timeline.host(profile.host_op_ns
-                             + int(t.nbytes / profile.host_memory_bandwidth * 1e9))
+            st.timeline.host(st.profile.pin_ns(t.nbytes))
         return out
 
     def _pin_memory(self, func: Any, args: tuple, kwargs: dict) -> Any:
