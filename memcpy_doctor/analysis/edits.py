@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 from ..core.defaults import GUARD_BLOCK_NS, GUARD_CALL_NS
 from ..core.paths import diff_path
 from ..core.trace import OpRecord, Site
+from .expert_source import Source
 
 GUARD_IMPORT = "import memcpy_doctor"
 
@@ -50,13 +51,10 @@ def statement_span(tree: ast.AST, line: int) -> tuple[int, int] | None:
 def guard_diff(path: str, lines: list[int], device: str, cwd: str | None = None) -> str | None:
     """A unified diff that runs the statements at `lines` of `path` under
     `memcpy_doctor.device_guard(device)`; None when the file cannot be read or parsed here."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    source = Source.read(path)
+    if source is None:
         return None
-    old = text.splitlines(keepends=True)
+    tree, old = source.tree, source.lines
     spans = sorted({s for s in (statement_span(tree, ln) for ln in lines) if s is not None})
     if not spans:
         return None

@@ -24,6 +24,7 @@ from ..core.paths import format_site
 from ..core.trace import CopyRecord, Site, Trace
 from .attribution import Explanation, user_site
 from .edits import LineChange, indent_of, lines_change
+from .expert_source import Source
 from .steady import per_step
 from .suggestion import ASYNC, Suggestion
 
@@ -44,12 +45,10 @@ class PinPlan:
 
 
 def _parse(path: str) -> tuple[ast.Module, list[str]] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        return ast.parse(text), text.splitlines()
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    source = Source.read(path)
+    if source is None:
         return None
+    return source.tree, [ln.rstrip("\r\n") for ln in source.lines]
 
 
 def _transfer_calls(tree: ast.AST, line: int) -> list[ast.Call]:
