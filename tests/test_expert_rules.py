@@ -698,3 +698,19 @@ def test_fusing_a_real_optimizer_under_grad_scaler(tmp_path):
         ("aten::_fused_adamw_", 5)}  # the step the scaler no longer guards on the host
     assert plain_after == plain_before  # no GPU: fused=False, the run as it was
     assert after.startswith("RESULT expert_amp losses=")
+
+
+def test_no_list_edit_for_an_inner_loop_whose_list_the_outer_loop_appends_to_again(tmp_path):
+    """A diffusers DDPM training script (seen by explain --verify: the edit raised): the list
+    made numbers after the inner loop would get device tensors again in the next epoch."""
+    text = textwrap.dedent("""\
+        import torch
+        losses = []
+        for epoch in range(2):
+            for x in loader:
+                loss = model(x)
+                losses.append(loss.item())
+            print(sum(losses[-4:]) / 4)
+    """)
+    path = write(tmp_path, text)
+    assert match(AccumulateOnDevice, tmp_path, [copy_at(path, 6)]) == []

@@ -182,6 +182,8 @@ def _sum(src: Source, stmt: ast.AugAssign, read: ast.Call, value: ast.AST, kind:
 def _listed(src: Source, stmt: ast.Expr, name: str, read: ast.Call, value: ast.AST,
             kind: str, c: CopyRecord) -> Plan | None:
     loop = _loop_for(src, stmt, name, [stmt.value.func.value])
+    if loop is not None and _in_a_loop(src, loop):
+        return None  # (the list, made numbers after the inner loop, gets tensors again)
     torch = src.module_alias("torch")
     init = _start(src, loop, name)
     if torch is None or not (isinstance(init, ast.List) and not init.elts):
@@ -218,6 +220,17 @@ def _start(src: Source, loop: ast.AST | None, name: str) -> ast.expr | None:
                  if isinstance(t, ast.Name) and t.id == name]
         return found[0] if len(found) == 1 else None
     return None
+
+
+def _in_a_loop(src: Source, loop: ast.AST) -> bool:
+    """Whether `loop` runs inside another loop of its scope."""
+    scope = src.scope_of(loop)
+    for a in src.ancestors(loop):
+        if a is scope:
+            return False
+        if isinstance(a, (ast.For, ast.AsyncFor, ast.While)):
+            return True
+    return False
 
 
 def _loop_for(src: Source, stmt: ast.stmt, name: str, mine: list[ast.AST]) -> ast.AST | None:
