@@ -77,7 +77,8 @@ def test_a_library_setting_is_advised_at_the_users_call(tmp_path):
     (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
     assert s.rule == "library-setting" and s.sites == [step] and s.diff is None
     assert s.title == ("change Lightning's setting for its reads to the host every step "
-                       "(under train.py:20)")
+                       "(under train.py:20), which changes what is logged")
+    assert s.changes_results
     assert "Trainer(log_every_n_steps=...)" in s.detail and s.saving_ns == 200_000
     trace.copies[0].last_ns = 2_500_000  # not every step: no advice
     assert suggest(trace, explain(trace), cwd=str(tmp_path)) == []
@@ -94,6 +95,36 @@ def test_the_hf_trainers_pinned_batches_get_its_own_setting(tmp_path):
     assert s.title == ("change the HF Trainer's setting for its copies to the device every "
                        "step (under train.py:20)")
     assert 'TrainingArguments(accelerator_config={"non_blocking": True})' in s.detail
+    assert s.diff is None and not s.changes_results  # (train.py builds no TrainingArguments)
+
+
+def test_the_hf_trainers_settings_are_one_edit_of_the_users_training_arguments(tmp_path):
+    trace, _, step = _trace(tmp_path)
+    train = tmp_path / "train.py"  # (parsed this time: the user's arguments are read)
+    train.write_text("from transformers import Trainer, TrainingArguments\n"
+                     "args = TrainingArguments(output_dir='o',\n"
+                     "                         logging_steps=4)\n" + "x\n" * 16
+                     + "Trainer(args=args).train()\n")
+    site = "/env/lib/python3.11/site-packages/"
+    moved = Site(site + "accelerate/utils/operations.py", 158, "send_to_device")
+    loop = Site(site + "transformers/trainer.py", 2500, "_inner_training_loop")
+    nan = Site(site + "transformers/trainer.py", 2600, "_inner_training_loop")
+    trace.copies = [
+        dataclasses.replace(_copy("to", 20, 2_000_000, 9_000_000, moved, "HtoD",
+                                  [moved, loop, step]), pinned=True),
+        _copy("bool", 20, 2_000_000, 9_000_000, nan, "DtoH", [nan, step])]
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.title == ("change the HF Trainer's settings for its copies to the device and "
+                       "reads to the host every step (under train.py:20), which changes what "
+                       "is logged")
+    assert s.apply == {"kind": "lines", "edits": [{
+        "file": str(train), "line": 3, "old": "                         logging_steps=4)",
+        "new": "                         logging_steps=4, accelerator_config={\"non_blocking\": "
+               "True}, logging_nan_inf_filter=False)"}]}
+    assert s.changes_results and s.exact and len(s.removes) == 2
+    train.write_text(train.read_text().replace("logging_steps=4)", "**kw)"))
+    (s,) = suggest(trace, explain(trace), cwd=str(tmp_path))
+    assert s.diff is None  # (**kw may set them already: no edit)
 
 
 def test_without_device_ops_of_its_own_the_steps_come_from_every_copy_made_each_step(tmp_path):

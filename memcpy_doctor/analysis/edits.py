@@ -138,6 +138,23 @@ def lines_change(file: str, new_lines: dict[int, str], cwd: str | None) -> LineC
     return unified_diff(file, old, new, cwd), {"kind": "lines", "edits": edits[::-1]}
 
 
+def keyword_added(call: ast.Call, lines: list[str], keyword: str) -> tuple[int, str]:
+    """Line number and new text of the line that ends `call` (`lines` without newlines),
+    with `keyword` ("name=value") added as its last argument."""
+    end = call.end_lineno
+    row = lines[end - 1]
+    close = call.end_col_offset - 1  # the ")"
+    before = row[:close].rstrip()
+    sep = "" if before.endswith(("(", ",")) else ", "
+    return end, before + sep + keyword + row[close:]
+
+
+def calls_named(tree: ast.AST, name: str) -> list[ast.Call]:
+    """Every call of `name` or `something.name` in `tree`."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+        getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
+
+
 def indent_of(line: str) -> str:
     return line[:len(line) - len(line.lstrip())]
 

@@ -23,7 +23,7 @@ from ..core.costmodel import DeviceProfile, profile_of
 from ..core.paths import format_site
 from ..core.trace import CopyRecord, Site, Trace
 from .attribution import Explanation, user_site
-from .edits import LineChange, indent_of, lines_change
+from .edits import LineChange, indent_of, keyword_added, lines_change
 from .expert_source import Source
 from .steady import per_step
 from .suggestion import ASYNC, Suggestion
@@ -157,12 +157,8 @@ def pin_plan(copies: list[CopyRecord]) -> PinPlan | None:
         if loader is None:
             return None
         if not any(k.arg == "pin_memory" for k in loader.keywords):
-            end = loader.end_lineno
-            row = text[end - 1]
-            close = loader.end_col_offset - 1
-            before = row[:close].rstrip()
-            sep = "" if before.endswith(("(", ",")) else ", "
-            lines[end] = row[:close].rstrip() + sep + "pin_memory=True" + row[close:]
+            end, new = keyword_added(loader, text, "pin_memory=True")
+            lines[end] = new
         elif not any(k.arg == "pin_memory" and isinstance(k.value, ast.Constant)
                      and k.value.value is True for k in loader.keywords):
             return None  # (pin_memory set some other way: leave it to the user)

@@ -15,12 +15,11 @@ figures). An edit that costs more than it saves is not proposed.
 from __future__ import annotations
 
 import abc
-import os
 import re
 from typing import ClassVar
 
 from ..core.trace import CopyRecord, OpRecord, Site, Trace
-from .attribution import Chain, Explanation, read_line, user_site
+from .attribution import Chain, Explanation, read_line
 from ..core.costmodel import profile_of
 from ..core.paths import format_site, is_user_file
 from .edits import LineChange, drop_transfer_change, guard_cost_ns, guard_diff
@@ -149,82 +148,6 @@ class HostRoundTrip(Rule):
             apply={"kind": "device_guard", "device": "cpu",
                    "sites": [{"file": s.file, "line": s.line} for s in ordered]},
             moved=moved, cost_ns=guard_ns)
-
-
-#: Copies a library makes because of a setting it documents: (a folder or file of the
-#: library, in the copy's stack with "/" for the separator; the copy's direction and
-#: triggers; whether the source must be pinned (None: either); the library; the advice), and
-#: the version of each library whose own source the setting was read in. A library not
-#: listed gets no made-up setting. The reads to the host are logging: a setting that reads
-#: less often changes what is logged (`changes_results`).
-SETTING_VERSIONS = {"Lightning": "lightning 2.6.6", "the HF Trainer": "transformers 5.25.0",
-                    "accelerate": "accelerate 1.16.0"}
-LIBRARY_SETTINGS = (
-    ("lightning/pytorch/", "DtoH", ("item",), None, "Lightning",
-     "it reads what `self.log` records back to the host for the progress bar and the loggers: "
-     "log with `on_step=False, on_epoch=True` or `prog_bar=False`, or set a larger "
-     "`Trainer(log_every_n_steps=...)`"),
-    ("transformers/trainer.py", "DtoH", ("bool", "item"), None,
-     "the HF Trainer",
-     "it checks every step's loss for nan/inf (`TrainingArguments(logging_nan_inf_filter="
-     "False)` turns that off) and reads the loss every `logging_steps`"),
-    ("transformers/trainer.py", "HtoD", ("to",), True,
-     "the HF Trainer",
-     "its batches are pinned (`dataloader_pin_memory`) but copied without non_blocking: "
-     "`TrainingArguments(accelerator_config={\"non_blocking\": True})`"),
-    ("accelerate/", "HtoD", ("to",), True, "accelerate",
-     "the batches are pinned but copied without non_blocking: "
-     "`Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))`"),
-    ("accelerate/", "HtoD", ("to",), False, "accelerate",
-     "the batches are copied from pageable memory, each waited for: `DataLoader("
-     "pin_memory=True)` and `Accelerator(dataloader_config=DataLoaderConfiguration("
-     "non_blocking=True))`"),
-)
-
-
-@register
-class LibrarySetting(Rule):
-    """A copy a library makes every step because of one of its settings.
-
-        self.log("loss", loss, prog_bar=True)     # Lightning reads it back every step
-
-    The library's documented setting, at the user's call; never a patch to the library.
-    """
-
-    name = "library-setting"
-    description = "Change the library setting that makes the copy"
-
-    def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
-        out = []
-        total = trace.summary.total_ns
-        for c in trace.copies:
-            if not c.sync or not per_step(c, total):
-                continue
-            found = self._setting(c)
-            user = user_site(c)
-            if found is None or user is None or c.site is user:
-                continue
-            library, advice = found
-            advice += f" (the setting as read in {SETTING_VERSIONS[library]})"
-            out.append(Suggestion(
-                rule=self.name,  # (the title tells one setting from another: see suggest)
-                title=f"change {library}'s setting for its "
-                      f"{'reads to the host' if c.direction == 'DtoH' else 'copies to the device'}"
-                      f" every step (under {format_site(user, cwd)})",
-                detail=f"{c.calls} {c.direction} `{c.trigger}` copies inside {library}; {advice}",
-                sites=[user], removes=[c], saving_ns=c.host_ns, exact=False,
-                changes_results=c.direction == "DtoH"))
-        return out
-
-    @staticmethod
-    def _setting(c: CopyRecord) -> tuple[str, str] | None:
-        files = [s.file.replace(os.sep, "/") for s in (c.site, *c.stack) if s is not None]
-        for where, direction, triggers, pinned, library, advice in LIBRARY_SETTINGS:
-            if (c.direction == direction and c.trigger in triggers
-                    and (pinned is None or bool(c.pinned) == pinned)
-                    and any(where in f for f in files)):
-                return library, advice
-        return None
 
 
 def _launch_ns(trace: Trace) -> int:
@@ -451,11 +374,12 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     return found
 
 
-# The pinning rule (analysis/pinning.py) and the expert rules (analysis/expert_rules.py)
-# import nothing from this module (no import cycle): registered here, last, each expert rule
-# before the rule its `before` names.
+# The library settings, pinning and expert rules (analysis/library_settings.py, pinning.py,
+# expert_rules.py) import nothing from this module (no import cycle): registered here, last,
+# each expert rule before the rule its `before` names.
+from .library_settings import LibrarySetting  # noqa: E402
 from .pinning import PinnedNonBlocking  # noqa: E402
 from .expert_rules import EXPERT_RULES  # noqa: E402
-register(PinnedNonBlocking)
+register(LibrarySetting, PinnedNonBlocking)
 register(*EXPERT_RULES)
 
