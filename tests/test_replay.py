@@ -155,3 +155,14 @@ def test_the_gpu_bound_loop_of_issue_40_is_priced_within_2x_of_the_change(tmp_pa
     upper = dataclasses.replace(traces[0], timeline=None)
     (bound,) = [s for s in suggest(upper, explain(upper)) if s.rule == "host-read-in-loop"]
     assert bound.saving_ns > 4 * made  # what the rule alone would have promised
+
+
+def test_an_edit_may_drop_some_copies_and_make_others_async():
+    """A library setting that stops a read and makes an upload non_blocking: each copy is
+    replayed as the edit changes it (Suggestion.effects)."""
+    trace = _trace()
+    c = trace.copies[0]
+    both = Suggestion("library-setting", "settings", "", [AT], [c], 1, effects={id(c): ASYNC})
+    alone = _read_once(trace, ASYNC)
+    price(trace, [both, alone])
+    assert both.effect_on(c) == ASYNC and both.saving_ns == alone.saving_ns

@@ -134,3 +134,14 @@ def test_without_device_ops_of_its_own_the_steps_come_from_every_copy_made_each_
     logged = _copy("item", 4, 2_000_000, 9_000_000, step)  # the loss, every 4th step
     trace.copies = [batch, batch, logged]
     assert split_sync(trace).steps == 16
+
+
+def test_a_read_made_by_a_model_under_the_trainer_is_not_the_trainers_loss_check(tmp_path):
+    """transformers' masking_utils reads `padding_mask.all()` inside the model the Trainer
+    runs: no Trainer setting removes it (explain --verify on a config-built DistilBERT)."""
+    trace, _, step = _trace(tmp_path)
+    site = "/env/lib/python3.11/site-packages/transformers/"
+    mask = Site(site + "masking_utils.py", 354, "padding_mask_function")
+    loop = Site(site + "trainer.py", 2500, "_inner_training_loop")
+    trace.copies = [_copy("bool", 20, 2_000_000, 9_000_000, mask, "DtoH", [mask, loop, step])]
+    assert [s.rule for s in suggest(trace, explain(trace), cwd=str(tmp_path))] == []

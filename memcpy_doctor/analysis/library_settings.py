@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import os
 
+from ..core.costmodel import DeviceProfile, profile_of
 from ..core.paths import format_site
 from ..core.trace import CopyRecord, Trace
 from .attribution import Explanation, user_site
 from .edits import LineChange, calls_named, keyword_added, lines_change
 from .expert_source import Source
 from .steady import per_step
-from .suggestion import Suggestion
+from .suggestion import ASYNC, Suggestion
 
 
 #: Copies a library makes because of a setting it documents: (a folder or file of the
-#: library, in the copy's stack with "/" for the separator; the copy's direction and
+#: library, with "/" for the separator: the read's own site, or for a copy to the device any
+#: frame of its stack; the copy's direction and
 #: triggers; whether the source must be pinned (None: either); the library; the advice), and
 #: the version of each library whose own source the setting was read in. A library not
 #: listed gets no made-up setting. The reads to the host are logging: a setting that reads
@@ -70,15 +72,20 @@ class LibrarySetting:
             if found is None or user is None or c.site is user:
                 continue
             groups.setdefault((found[0], user.file), []).append((c, user, *found))
-        return [self._suggest(group, cwd) for group in groups.values()]
+        profile = profile_of(trace)
+        return [self._suggest(group, profile, cwd) for group in groups.values()]
 
-    def _suggest(self, group: list, cwd: str | None) -> Suggestion:
+    def _suggest(self, group: list, profile: DeviceProfile, cwd: str | None) -> Suggestion:
         library = group[0][2]
         user = min((g[1] for g in group), key=lambda x: x.line)
         advice = list(dict.fromkeys(g[3] for g in group))
         keywords = list(dict.fromkeys(g[4] for g in group if g[4] is not None))
         change = _setting_change(user.file, keywords, cwd) if keywords else None
         copies = [g[0] for g in group]
+        # (a setting that pins pageable batches costs the host their pinning: DataLoader's
+        # main thread pins where num_workers=0, as a user's DataLoader usually has it)
+        pinning = sum(profile.pin_ns(c.bytes // max(c.calls, 1)) * c.calls for c in copies
+                      if c.direction == "HtoD" and not c.pinned)
         logged = any(c.direction == "DtoH" for c in copies)  # (the reads are the logging)
         kinds = sorted({"reads to the host" if c.direction == "DtoH" else
                         "copies to the device" for c in copies})
@@ -92,17 +99,22 @@ class LibrarySetting:
                   + (", which changes what is logged" if logged else ""),
             detail=(f"{said} inside {library}; " + "; ".join(advice)
                     + f" (the settings as read in {SETTING_VERSIONS[library]})"),
-            sites=[user], removes=copies, saving_ns=sum(c.host_ns for c in copies),
-            exact=change is not None, changes_results=logged,
+            sites=[user], removes=copies, saving_ns=sum(c.host_ns for c in copies) - pinning,
+            exact=change is not None, changes_results=logged, cost_ns=pinning,
+            effects={id(c): ASYNC for c in copies if c.direction == "HtoD"},  # (non_blocking)
             diff=change[0] if change else None, apply=change[1] if change else None)
 
     @staticmethod
     def _setting(c: CopyRecord) -> tuple[str, str, tuple[str, str] | None] | None:
         files = [s.file.replace(os.sep, "/") for s in (c.site, *c.stack) if s is not None]
         for where, direction, triggers, pinned, library, advice in LIBRARY_SETTINGS:
+            # a read is the library's own where the library's code makes it (a model's
+            # `mask.all()` called under the Trainer is not the Trainer's loss check); a copy to
+            # the device, where the library is anywhere in its stack (it calls a helper)
+            mine = files[:1] if direction == "DtoH" else files
             if (c.direction == direction and c.trigger in triggers
                     and (pinned is None or bool(c.pinned) == pinned)
-                    and any(where in f for f in files)):
+                    and any(where in f for f in mine)):
                 return library, advice, SETTING_EDITS.get((where, direction))
         return None
 

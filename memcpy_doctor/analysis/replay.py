@@ -166,9 +166,9 @@ class Replay:
         moved: set[int] = set()
         for s in suggestions:
             for c in s.removes:
-                i = self.copy_index.get(id(c))
-                if i is not None and _STRENGTH[s.effect] < _STRENGTH.get(copies.get(i), 9):
-                    copies[i] = s.effect
+                i, effect = self.copy_index.get(id(c)), s.effect_on(c)
+                if i is not None and _STRENGTH[effect] < _STRENGTH.get(copies.get(i), 9):
+                    copies[i] = effect
             moved.update(i for i in (self.op_index.get(id(o)) for o in s.moved)
                          if i is not None)
         in_window = sum(1 for st in self.steps

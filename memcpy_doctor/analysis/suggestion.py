@@ -51,3 +51,9 @@ class Suggestion:
     cost_ns: int = 0
     #: needed whatever it costs: the run does not fit a device memory budget without it
     required: bool = False
+    #: the effect on single copies of `removes` where it is not `effect` (by id of the copy)
+    effects: dict[int, str] = field(default_factory=dict)
+
+    def effect_on(self, copy: CopyRecord) -> str:
+        """What the edit does to `copy`, one of EFFECTS."""
+        return self.effects.get(id(copy), self.effect)
