@@ -434,3 +434,29 @@ def test_a_placement_the_budget_needs_comes_first_whatever_it_costs(tmp_path):
     assert "budget 64 MiB -- the run does not fit" in text.splitlines()[2]
     after = text.split("Suggestions (", 1)[1].splitlines()
     assert next(ln for ln in after[1:] if ln.strip()).startswith("1. required to fit")
+
+
+@pytest.mark.parametrize("body, title", [
+    ("    if step % 10 == 0:\n        print(loss.item())\n", None),  # every k steps already
+    ("    print(loss.item())\n",
+     "print the device value every k steps, not 8 times, at p.py:3 (changes what is printed)"),
+])
+def test_a_printed_read_is_not_told_to_wait_for_the_loop_to_end(tmp_path, body, title):
+    """Reading once after the loop would change what a print shows each step (explain
+    --verify on a PyG and a peft program: the advice would have changed their output)."""
+    path = tmp_path / "p.py"
+    path.write_text("for step in range(8):\n    loss = model(x)\n" + body)
+    line = 4 if "if" in body else 3
+    at = Site(str(path), line, "<module>")
+    copy = CopyRecord("DtoH", True, False, "item", 8, 32, 80_000, 16_000, at, [at], None, None,
+                      [], "float32", end_col=len(body.splitlines()[-1].rstrip()) - 1)
+    trace = Trace(Meta(device="sim", simulated=True, device_name="GPU", device_profile=None,
+                       torch_version="2.13.0", command=["p.py"]),
+                  summarize(10_000_000, [], [copy]), [], [], [copy], [])
+    found = [s for s in suggest(trace, explain(trace), cwd=str(tmp_path))]
+    if title is None:
+        assert found == []
+    else:
+        (s,) = found
+        assert (s.rule, s.title, s.changes_results, s.diff) == (
+            "host-read-in-loop", title, True, None)

@@ -15,6 +15,7 @@ figures). An edit that costs more than it saves is not proposed.
 from __future__ import annotations
 
 import abc
+import ast
 import re
 from typing import ClassVar
 
@@ -23,6 +24,7 @@ from .attribution import Chain, Explanation, read_line
 from ..core.costmodel import profile_of
 from ..core.paths import format_site, is_user_file
 from .edits import LineChange, drop_transfer_change, guard_cost_ns, guard_diff
+from .expert_source import Source
 from .placement_graph import placement_suggestions
 from .steady import per_step
 from .compile_rules import graph_break_suggestions
@@ -163,6 +165,23 @@ def _reads_device_data(trace: Trace, chain: Chain) -> bool:
                for f in trace.flows)
 
 
+def _periodic(c: CopyRecord) -> bool:
+    """Whether the read's statement runs under an `if` inside its loop (`if step % 10 == 0:
+    print(loss.item())`): it is read every k steps already, by the program's choice."""
+    source = Source.read(c.site.file)
+    if source is None:
+        return False
+    calls = source.calls_at(c.site.line, c.end_col)
+    if not calls:
+        return False
+    for a in source.ancestors(calls[0]):
+        if isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef)):
+            return False
+        if isinstance(a, ast.If):
+            return True
+    return False
+
+
 #: A statement that branches on a value: `if`, `elif`, `while`, and a conditional expression.
 _BRANCH = re.compile(r"^(if|elif|while)\b|\bif\b.*\belse\b")
 
@@ -227,9 +246,20 @@ class HostReadInLoop(Rule):
                 continue
             if c.site is None or not per_step(c, trace.summary.total_ns):
                 continue  # (two reads on one line, or in one burst, are not a loop)
-            if not self._read_here(c):
+            if not self._read_here(c) or _periodic(c):
                 continue
             saving = c.host_ns * (c.calls - 1) // c.calls
+            line = read_line(c.site)
+            if "print(" in line or "log" in line:  # (the value is the output: all of them)
+                out.append(Suggestion(
+                    rule=self.name,
+                    title=f"print the device value every k steps, not {c.calls} times, at "
+                          f"{format_site(c.site, cwd)} (changes what is printed)",
+                    detail=(f"`{c.trigger}` reads a device value {c.calls} times to print or "
+                            "log it, and the host waits each time"),
+                    sites=[c.site], removes=[c], saving_ns=saving, effect=ONCE, exact=False,
+                    changes_results=True))
+                continue
             out.append(Suggestion(
                 rule=self.name,
                 title=f"read once after the loop instead of {c.calls} times at "
