@@ -128,6 +128,8 @@ def _setup_lines(chains: list[Chain], cwd: str | None) -> list[str]:
 
 def _verified(v: Any) -> str:
     """What `explain --verify`'s re-run measured (a run/verify.Verified), in one line."""
+    if v.broke:  # (the broken run's figures measure a run cut short: nothing to show)
+        return f"{v.outcome} in a re-run with the edit"
     (calls_b, calls_a), (total_b, total_a) = v.sync_calls, v.total_ns
     total = f"total {_ms(total_b)} -> {_ms(total_a)}"
     if v.helped:
