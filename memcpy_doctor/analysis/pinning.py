@@ -245,9 +245,8 @@ class PinnedNonBlocking:
             title=f"copies to the device inside the call at {format_site(user, cwd)}",
             detail=(f"{_each(c)}, made inside {format_site(c.site, cwd)} without "
                     "non_blocking; memcpy-doctor knows no setting of that library that makes "
-                    "them non-blocking, so pinning what it is given would not remove the "
-                    "wait: move the data to the device yourself before the call (pinned, "
-                    "non_blocking=True), or leave it"),
+                    "them non-blocking, so no edit of your code is offered: pinning what the "
+                    "call is given would not remove the wait"),
             sites=[user], removes=[c], saving_ns=c.host_ns - c.calls * launch_ns,
             exact=False, effect=ASYNC)
 
