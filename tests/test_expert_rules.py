@@ -19,6 +19,7 @@ from helpers import concurrently, make_trace
 from memcpy_doctor import load_trace
 from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.expert_accumulate import AccumulateOnDevice
+from memcpy_doctor.analysis.expert_factory import MakeOnDevice
 from memcpy_doctor.analysis.expert_hoist import HoistInvariantUpload
 from memcpy_doctor.analysis.expert_module import BuildOnDevice
 from memcpy_doctor.analysis.expert_rules import EXPERT_RULES, FusedGradScaler
@@ -70,7 +71,8 @@ def udiff(text: str) -> str:
 def test_each_expert_rule_claims_before_the_rule_it_names():
     names = [r.name for r in RULES]
     assert [r.name for r in EXPERT_RULES] == ["fused-grad-scaler", "accumulate-on-device",
-                                              "build-on-device", "hoist-invariant-upload"]
+                                              "build-on-device", "hoist-invariant-upload",
+                                              "make-on-device"]
     for rule in EXPERT_RULES:
         assert names.index(rule.name) < names.index(rule.before), names
     assert names.index("accumulate-on-device") < names.index("host-read-in-loop")
@@ -716,3 +718,46 @@ def test_no_list_edit_for_an_inner_loop_whose_list_the_outer_loop_appends_to_aga
     """)
     path = write(tmp_path, text)
     assert match(AccumulateOnDevice, tmp_path, [copy_at(path, 6)]) == []
+
+
+
+# ----- make-on-device -----
+
+FACTORY = textwrap.dedent("""\
+    import torch
+    device = "cuda"
+    for step in range(10):
+        x = {made}
+""")
+
+
+@pytest.mark.parametrize("made, new, random", [
+    ("torch.randn(4, 8).to(device)", "torch.randn(4, 8, device=device)", True),
+    ("torch.zeros(4).cuda()", 'torch.zeros(4, device="cuda")', False),
+    ("torch.arange(8).to(device=device, non_blocking=True)",
+     "torch.arange(8, device=device)", False),
+    ("torch.randint(0, 9, (4,), dtype=torch.long).to(device)",
+     "torch.randint(0, 9, (4,), dtype=torch.long, device=device)", True),
+])
+def test_a_factory_copied_at_once_is_made_on_the_device(tmp_path, made, new, random):
+    path = write(tmp_path, FACTORY.format(made=made))
+    c = copy_at(path, 4, "HtoD", "to", end_col=end_of(path, 4, made))
+    [s] = match(MakeOnDevice, tmp_path, [c])
+    assert s.apply["edits"] == [{"file": path, "line": 4, "old": f"    x = {made}",
+                                 "new": f"    x = {new}"}]
+    assert (s.effect, s.changes_results) == (DROP, random)
+    assert ("other numbers" in s.title) == random
+    assert s.cost_ns == 10 * 5_000  # (the device fills it: a launch each time)
+
+
+@pytest.mark.parametrize("made", [
+    "torch.randn(4, generator=g).to(device)",  # a host generator cannot draw on the device
+    "torch.zeros(4).to(device, torch.float16)",  # converts too
+    "torch.zeros(4).to(torch.float16)",  # (a dtype: no copy at all, but not this shape)
+    "torch.tensor([1.0, 2.0]).to(device)",  # from Python data: a copy either way
+    "torch.zeros(4, device='cpu').to(device)",
+])
+def test_no_factory_edit_where_it_would_not_be_the_same_call(tmp_path, made):
+    path = write(tmp_path, FACTORY.format(made=made))
+    c = copy_at(path, 4, "HtoD", "to", end_col=end_of(path, 4, made))
+    assert match(MakeOnDevice, tmp_path, [c]) == []

@@ -7,6 +7,7 @@
   `with torch.device(device):` makes them there.
 - `AccumulateOnDevice` (expert_accumulate.py): `total += loss.item()` summed on the device.
 - `HoistInvariantUpload` (expert_hoist.py): a constant uploaded every step, made once.
+- `MakeOnDevice` (expert_factory.py): `torch.randn(shape).to(device)` made on the device.
 
 None of them imports analysis/rules.py (which imports this module last, and registers
 EXPERT_RULES: no import cycle); each names in `before` the rule it goes before in the
@@ -24,6 +25,7 @@ from ..core.trace import CopyRecord, Site, Trace
 from .attribution import Explanation
 from .edits import lines_change
 from .expert_accumulate import AccumulateOnDevice
+from .expert_factory import MakeOnDevice
 from .expert_hoist import HoistInvariantUpload
 from .expert_module import BuildOnDevice
 from .expert_source import Source, dotted, last_name, source_cache, torch_release
@@ -160,4 +162,5 @@ def _optimizer_class(src: Source, call: ast.Call) -> str | None:
 
 
 #: The expert rules, in the order analysis/rules.py registers them.
-EXPERT_RULES = (FusedGradScaler, AccumulateOnDevice, BuildOnDevice, HoistInvariantUpload)
+EXPERT_RULES = (FusedGradScaler, AccumulateOnDevice, BuildOnDevice, HoistInvariantUpload,
+                MakeOnDevice)
