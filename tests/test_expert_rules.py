@@ -21,6 +21,7 @@ from memcpy_doctor.analysis.attribution import explain
 from memcpy_doctor.analysis.expert_accumulate import AccumulateOnDevice
 from memcpy_doctor.analysis.expert_factory import MakeOnDevice
 from memcpy_doctor.analysis.expert_hoist import HoistInvariantUpload
+from memcpy_doctor.analysis.expert_mask import IndexOnce
 from memcpy_doctor.analysis.expert_module import BuildOnDevice
 from memcpy_doctor.analysis.expert_rules import EXPERT_RULES, FusedGradScaler
 from memcpy_doctor.analysis.rules import RULES, register, suggest
@@ -72,7 +73,7 @@ def test_each_expert_rule_claims_before_the_rule_it_names():
     names = [r.name for r in RULES]
     assert [r.name for r in EXPERT_RULES] == ["fused-grad-scaler", "accumulate-on-device",
                                               "build-on-device", "hoist-invariant-upload",
-                                              "make-on-device"]
+                                              "make-on-device", "index-once"]
     for rule in EXPERT_RULES:
         assert names.index(rule.name) < names.index(rule.before), names
     assert names.index("accumulate-on-device") < names.index("host-read-in-loop")
@@ -761,3 +762,76 @@ def test_no_factory_edit_where_it_would_not_be_the_same_call(tmp_path, made):
     path = write(tmp_path, FACTORY.format(made=made))
     c = copy_at(path, 4, "HtoD", "to", end_col=end_of(path, 4, made))
     assert match(MakeOnDevice, tmp_path, [c]) == []
+
+
+# ----- index-once -----
+
+MASKED = textwrap.dedent("""\
+    import torch
+    for epoch in range(10):
+        out = model(data.x)
+        loss = loss_fn(out[data.train_mask], data.y[data.train_mask])
+        loss.backward()
+""")
+
+
+def _mask_copy(path: str, line: int, text: str, calls: int = 10, ref_reads=None):
+    return copy_at(path, line, trigger="mask", calls=calls, end_col=end_of(path, line, text))
+
+
+def test_a_mask_that_never_changes_becomes_positions_before_the_loop(tmp_path):
+    path = write(tmp_path, MASKED)
+    forward = _mask_copy(path, 4, "out[data.train_mask]", calls=20)
+    backward = copy_at(path, 5, trigger="mask", calls=10, end_col=17)
+    events = [TimelineEvent("copy", i, None, 0, 0, 1, 0, 1, [7], []) for i in (0, 1, 0)]
+    trace = make_trace(copies=[forward, backward])
+    trace.timeline = EventTimeline(10_000, 0, events)
+    [s] = IndexOnce().match(trace, explain(trace), str(tmp_path))
+    assert s.title == "turn `data.train_mask` into positions once, before the loop at prog.py:4"
+    assert s.removes == [forward, backward]  # (the backward's copy reads the same mask)
+    assert s.apply["edits"] == [
+        {"file": path, "line": 2, "old": "for epoch in range(10):",
+         "new": "train_mask_idx = data.train_mask.nonzero(as_tuple=True)\n"
+                "for epoch in range(10):"},
+        {"file": path, "line": 4,
+         "old": "    loss = loss_fn(out[data.train_mask], data.y[data.train_mask])",
+         "new": "    loss = loss_fn(out[train_mask_idx], data.y[train_mask_idx])"}]
+    assert (s.effect, s.changes_results) == (DROP, False)
+    assert s.saving_ns == 2 * 900_000 - 900_000 // 20  # (less the one count before the loop)
+
+
+@pytest.mark.parametrize("change", [
+    ("    out = model(data.x)\n", "    out = model(data.x)\n    data = step(data)\n"),
+    ("    out = model(data.x)\n", "    out = model(data.x)\n    data.train_mask = m\n"),
+    ("    out = model(data.x)\n", "    out = model(data.x)\n    data.train_mask[0] = True\n"),
+])
+def test_no_positions_where_the_mask_may_change_in_the_loop(tmp_path, change):
+    text = MASKED.replace(*change)
+    path = write(tmp_path, text)
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if "loss_fn" in t)
+    assert match(IndexOnce, tmp_path, [_mask_copy(path, line, "out[data.train_mask]")]) == []
+
+
+def test_no_positions_where_the_timeline_saw_the_mask_change(tmp_path):
+    path = write(tmp_path, MASKED)
+    c = _mask_copy(path, 4, "out[data.train_mask]")
+    trace = make_trace(copies=[c])
+    trace.timeline = EventTimeline(10_000, 0, [
+        TimelineEvent("copy", 0, None, 0, 0, 1, 0, 1, [n], []) for n in (7, 8)])
+    assert IndexOnce().match(trace, explain(trace), str(tmp_path)) == []
+
+
+def test_positions_index_the_same_elements_with_the_same_gradient():
+    """What the edit relies on: x[mask] and x[mask.nonzero(as_tuple=True)] are the same
+    tensor, and so are their gradients."""
+    import torch
+    torch.manual_seed(0)
+    for shape, mask_shape in (((6, 3), (6,)), ((4, 5), (4, 5))):
+        x = torch.randn(*shape, requires_grad=True)
+        mask = torch.rand(*mask_shape) > 0.5
+        a = x[mask]
+        b = x[mask.nonzero(as_tuple=True)]
+        assert torch.equal(a, b)
+        ga, = torch.autograd.grad(a.sum() * 3, x)
+        gb, = torch.autograd.grad(b.sum() * 3, x)
+        assert torch.equal(ga, gb)

@@ -8,6 +8,7 @@
 - `AccumulateOnDevice` (expert_accumulate.py): `total += loss.item()` summed on the device.
 - `HoistInvariantUpload` (expert_hoist.py): a constant uploaded every step, made once.
 - `MakeOnDevice` (expert_factory.py): `torch.randn(shape).to(device)` made on the device.
+- `IndexOnce` (expert_mask.py): `x[mask]` with the same mask every step, positions made once.
 
 None of them imports analysis/rules.py (which imports this module last, and registers
 EXPERT_RULES: no import cycle); each names in `before` the rule it goes before in the
@@ -27,6 +28,7 @@ from .edits import lines_change
 from .expert_accumulate import AccumulateOnDevice
 from .expert_factory import MakeOnDevice
 from .expert_hoist import HoistInvariantUpload
+from .expert_mask import IndexOnce
 from .expert_module import BuildOnDevice
 from .expert_source import Source, dotted, last_name, source_cache, torch_release
 from .suggestion import DROP, Suggestion
@@ -163,4 +165,4 @@ def _optimizer_class(src: Source, call: ast.Call) -> str | None:
 
 #: The expert rules, in the order analysis/rules.py registers them.
 EXPERT_RULES = (FusedGradScaler, AccumulateOnDevice, BuildOnDevice, HoistInvariantUpload,
-                MakeOnDevice)
+                MakeOnDevice, IndexOnce)
