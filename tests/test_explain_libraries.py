@@ -179,3 +179,26 @@ def test_the_diff_edits_the_call_that_made_the_copy(tmp_path):
             if s.rule == "pinned-non-blocking"]
     (edit,) = s.apply["edits"]
     assert edit["new"] == line.replace('b.to("cuda")', 'b.to("cuda", non_blocking=True)')
+
+
+def test_a_library_line_reached_from_two_lines_names_each_caller(tmp_path, monkeypatch):
+    """Two lines of the user's code call one library function that copies: each copy path
+    names its own caller (the stack of the first call was kept for both before)."""
+    lib_dir = tmp_path / "site-packages"
+    lib_dir.mkdir()
+    (lib_dir / "movelib.py").write_text("def send(t, device):\n    return t.to(device)\n")
+    monkeypatch.syspath_prepend(str(lib_dir))
+    sys.modules.pop("movelib", None)
+    import movelib
+
+    a, b = torch.ones(4), torch.ones(8)
+    with memcpy_doctor.profiler(device="sim") as prof:
+        for _ in range(3):
+            x = movelib.send(a, "cuda") + 1  # caller A
+            y = movelib.send(b, "cuda") * 2  # caller B
+        assert x.sum().item() == 8 and y.sum().item() == 16
+    first = sys._getframe().f_lineno - 3
+    copies = sorted((c for c in prof.trace.copies if c.trigger == "to"),
+                    key=lambda c: user_site(c).line)
+    assert [(c.site.line, user_site(c).line, c.calls, c.bytes) for c in copies] == [
+        (2, first, 3, 48), (2, first + 1, 3, 96)]

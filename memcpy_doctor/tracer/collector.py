@@ -286,9 +286,12 @@ class Collector:
             event = self.events[name] = EventAgg()
         event.add(host_ns, device_ns)
         # the objects that live as long as the run, by id: equal values are merged at the end
-        key = (direction, sync, pinned, trigger, id(site), id(producer), thread, non_blocking)
+        # (the stack too: a library's line reached from two lines of the user's code is two
+        # paths, each with its caller; SiteResolver.stack_at gives each caller its own list)
+        key = (direction, sync, pinned, trigger, id(site), id(producer), thread, non_blocking,
+               id(stack))
         pending = PendingCopy(key, (direction, sync, pinned, trigger, site, producer, thread,
-                                    non_blocking),
+                                    non_blocking, tuple(stack)),
                               nbytes, host_ns, device_ns, stack, shape, dtype, event, at_ns,
                               end_col)
         if dst is None:
@@ -411,7 +414,7 @@ class Collector:
             if into is not a:
                 into = paths[a.path] = into.merged(a)
         out = []
-        for (direction, sync, pinned, trigger, site, producer, thread, non_blocking,
+        for (direction, sync, pinned, trigger, site, producer, thread, non_blocking, _,
              consumer), a in paths.items():
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,

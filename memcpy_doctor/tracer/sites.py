@@ -48,7 +48,8 @@ class SiteResolver:
     running are the thread's own.
     """
 
-    __slots__ = ("codes", "_kept", "_interned", "_stacks", "_ends", "calls")
+    __slots__ = ("codes", "_kept", "_interned", "_stacks", "_ends", "calls", "_user",
+                 "_by_caller")
 
     def __init__(self) -> None:
         self.codes: dict[int, Any] = {}
@@ -56,6 +57,9 @@ class SiteResolver:
         self._interned: dict[tuple[str, int, str], Site] = {}
         self._stacks: dict[int, list] = {}  # id(site): [stack, depth, code] (see stack_at)
         self._ends: dict[tuple[int, int], int | None] = {}  # (id(code), f_lasti): end column
+        self._user: dict[int, bool] = {}  # id(code): whether it is the user's own code
+        #: (id(site), id(the caller's Site)): the stack of a copy made inside a library
+        self._by_caller: dict[tuple[int, int], list[Site]] = {}
         #: the boundary calls now running, innermost last: [its frame, its site or UNSET]
         self.calls: list[list] = []
 
@@ -64,6 +68,7 @@ class SiteResolver:
         other = SiteResolver.__new__(SiteResolver)
         other.codes, other._kept = self.codes, self._kept
         other._interned, other._stacks, other._ends = self._interned, self._stacks, self._ends
+        other._user, other._by_caller = self._user, self._by_caller
         other.calls = []
         return other
 
@@ -135,14 +140,25 @@ class SiteResolver:
 
     def stack_at(self, site: Site | None) -> tuple[list[Site], int | None]:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
-        its first call, so later calls at the site need no walk), and where, on the line,
+        its first call, so later calls at the site need no walk; for a site inside a library,
+        of the first copy made there from the same line of the user's code, found by a climb
+        to it: one list per caller, which the collector files as a path of its own), and where,
+        on the line,
         the call now making a copy ends (two calls on one line are told apart by it). The
         user's frame is found by a climb, or, for a copy made through as many frames as the
         last one at the site, where that one's was: the same code, under a frame of torch's
         or this package's own (a look-up rather than a climb of six or more frames)."""
         found = self._stacks.get(id(site))
-        if found is None:  # [stack, depth of the frame under the user's last time, its code]
-            found = self._stacks[id(site)] = [self.stack(), 0, None]
+        if found is None:  # [stack, depth of the frame under the user's last time, its code,
+            stack = self.stack()  # the caller: the stack's first frame of the user's code]
+            found = self._stacks[id(site)] = [stack, 0, None, _first_user(stack)]
+        stack = found[0]
+        if site is not None and (not stack or stack[0] is not found[3]):  # (made in a library:
+            caller = self._caller()  # its caller now may be another line of the user's)
+            if caller is not found[3] and caller is not None:
+                stack = self._by_caller.get((id(site), id(caller)))
+                if stack is None:
+                    stack = self._by_caller[id(site), id(caller)] = self.stack()
         codes = self.codes
         depth = found[1]
         if depth:  # the copy made through the same frames as last time: no climb
@@ -156,7 +172,7 @@ class SiteResolver:
                 if entry is False or entry is BOUNDARY:
                     end = self._ends.get((id(frame.f_code), frame.f_lasti), UNSET)
                     if end is not UNSET:
-                        return found[0], end
+                        return stack, end
         frame, depth = _getframe(1), 1  # the innermost frame outside torch and this package:
         while frame is not None:  # a short climb past the tracer's and torch's own frames
             entry = codes.get(id(frame.f_code))
@@ -168,9 +184,25 @@ class SiteResolver:
                 end = self._ends.get(key, UNSET)
                 if end is UNSET:
                     end = self._ends[key] = _end_column(frame)
-                return found[0], end
+                return stack, end
             frame, depth = frame.f_back, depth + 1
-        return found[0], None
+        return stack, None
+
+    def _caller(self) -> Site | None:
+        """The site of the innermost frame of the user's own code now running (a copy's
+        caller where the copy is made inside a library)."""
+        frame = _getframe(2)
+        user = self._user
+        while frame is not None:
+            code = frame.f_code
+            mine = user.get(id(code))
+            if mine is None:
+                mine = user[id(code)] = is_user_file(code.co_filename)
+                self._kept.append(code)
+            if mine:
+                return self.site_of(frame)
+            frame = frame.f_back
+        return None
 
     def stack(self, frame: FrameType | None = None) -> list[Site]:
         """Frames outside torch and this package at and above `frame` (default: the caller's),
@@ -196,6 +228,10 @@ class SiteResolver:
                     break
             frame = frame.f_back
         return frames
+
+
+def _first_user(stack: list[Site]) -> Site | None:
+    return next((s for s in stack if is_user_file(s.file)), None)
 
 
 def _end_column(frame: FrameType) -> int | None:

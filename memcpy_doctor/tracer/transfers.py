@@ -25,7 +25,7 @@ class TransferLog:
         if len(self._logged) >= self.limit:
             self.dropped += 1
             return
-        direction, sync, pinned, trigger, site, producer, _, non_blocking = pending.path
+        direction, sync, pinned, trigger, site, producer, _, non_blocking, _ = pending.path
         self._logged.append((TransferRecord(
             seq=len(self._logged), direction=direction, sync=sync, pinned=pinned,
             trigger=trigger, bytes=pending.nbytes, shape=pending.shape, dtype=pending.dtype,
@@ -35,5 +35,5 @@ class TransferLog:
         """The logged copies, each with its consumer: call once the collector has finished
         (every copy's consumer is known then, or known to be none)."""
         for record, pending in self._logged:
-            record.consumer = pending.agg.path[8] if pending.agg is not None else None
+            record.consumer = pending.agg.path[-1] if pending.agg is not None else None
         return [record for record, _ in self._logged]
