@@ -166,3 +166,30 @@ def test_an_edit_may_drop_some_copies_and_make_others_async():
     alone = _read_once(trace, ASYNC)
     price(trace, [both, alone])
     assert both.effect_on(c) == ASYNC and both.saving_ns == alone.saving_ns
+
+
+def test_explain_on_a_schema_1_trace_gives_the_upper_bound_and_says_so(tmp_path):
+    """A trace written before the timeline existed still gets its suggestions, each marked as
+    the rule's upper bound, through the CLI as a user runs it."""
+    import json
+    import subprocess
+    import sys
+
+    loop = tmp_path / "loop.py"
+    loop.write_text("import torch\nx = torch.ones(4, device='cuda')\nt = 0.0\n"
+                    "for i in range(8):\n    t += (x * i).sum().item()\nprint(t)\n")
+    with memcpy_doctor.profiler(device="sim") as prof:
+        exec(compile(loop.read_text(), str(loop), "exec"), {"__name__": "__main__"})
+    data = prof.trace.to_dict()
+    data["schema_version"] = 1
+    del data["timeline"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    done = subprocess.run([sys.executable, "-m", "memcpy_doctor", "explain", str(path),
+                           "--format", "json"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)["suggestions"]
+    assert found and {s["estimate"] for s in found} == {UPPER_BOUND}
+    text = subprocess.run([sys.executable, "-m", "memcpy_doctor", "explain", str(path)],
+                          capture_output=True, text=True, cwd=tmp_path).stdout
+    assert "(estimated, upper bound (no timeline in this trace);" in text
