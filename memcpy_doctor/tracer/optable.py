@@ -102,6 +102,11 @@ class OpInfo:
     call: Callable[..., Any]
     #: what its backward formula reads on the host (tracer/syncpoints.py, BACKWARD_RULES)
     backward: SyncRule | None = None
+    #: a CompositeImplicitAutograd op (`item`, `is_nonzero`, `argwhere`, ...): autograd
+    #: decomposes it before the dispatch mode sees it, except where autograd's keys are off
+    #: (inference mode, a custom Function's forward); there the per-op path decomposes it
+    #: itself, so that its parts (`_local_scalar_dense`, `nonzero`) are recorded as always
+    composite: bool = False
 
 
 def _mm_flops(args: tuple, kwargs: dict, outs: list) -> int:
@@ -165,10 +170,19 @@ def op_info(func: Any) -> OpInfo:
             lone_tensor=_lone_tensor(func),
             call=(func._op if type(func).__call__ is OpOverload.__call__
                   and hasattr(func, "_op") else func),
+            composite=_composite(func),
         )
         OP_INFO[id(func)] = info
         _KEPT.append(func)
     return info
+
+
+def _composite(func: Any) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd")
+    except (AttributeError, RuntimeError):  # (not an OpOverload: a HOP, say)
+        return False
 
 
 def register_sync_op(name: str, *, direction: str = "DtoH",

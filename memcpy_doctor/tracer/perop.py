@@ -80,9 +80,12 @@ def dispatcher(ctx: ThreadContext, records: bool = True) -> Callable[..., Any]:
                 disabled.__enter__()
             if ctx.region is not None:  # inside a compiled graph's call
                 return _in_region(ctx, dispatch, mode, func, types, args, kwargs)
-            clock.host_ns += python_op_ns  # 0. the program's own time before this op
             # 1. the op, and its tensor inputs (most often all its arguments, or the first)
             info = OP_INFO.get(id(func)) or op_info(func)
+            if info.composite:  # (inference mode: autograd did not decompose it) its parts
+                with mode:  # reach this mode, as they do everywhere else
+                    return func.decompose(*args, **kwargs)
+            clock.host_ns += python_op_ns  # 0. the program's own time before this op
             for a in args:
                 if not isinstance(a, Tensor):
                     ins = args[:1] if info.lone_tensor else tensor_args(args)
