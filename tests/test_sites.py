@@ -166,3 +166,25 @@ def test_a_call_into_cpp_from_torch_code_keeps_no_frame_alive():
     with memcpy_doctor.profiler(device="sim"):
         ref = namespace["caller"](torch.ones(3))
         assert ref() is None
+
+
+def test_a_copys_stack_stops_at_the_users_script(tmp_path):
+    """`memcpy-doctor profile SCRIPT` runs the script from its runner, under click: no frame
+    of either is in any copy's stack, in full or light mode (issue 41)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text("import torch\n\ndef f(t):\n    return t.sum().item()\n\n"
+                      "x = torch.ones(3, device='cuda')\nf(x)\ny = x.cpu()\n")
+    for light in ([], ["--light", "--device", "sim"]):
+        out = tmp_path / "t.json"
+        done = subprocess.run([sys.executable, "-m", "memcpy_doctor", "profile", "--no-report",
+                               *light, "-o", str(out), str(script)],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        copies = json.loads(out.read_text())["copies"]
+        assert copies
+        for c in copies:
+            assert {s["file"] for s in c["stack"]} == {str(script)}, (light, c["stack"])

@@ -25,11 +25,13 @@ from typing import Any
 
 
 from ..core.defaults import MAX_STACK_FRAMES
-from ..core.paths import is_internal_file, is_user_file
+from ..core.paths import PACKAGE_DIR, is_internal_file, is_user_file
 from ..core.trace import Site
 
-#: Frames of the interpreter's own machinery that run a script (runpy) are never user code.
-_SCRIPT_BOUNDARY = ("<frozen runpy>", runpy.__file__)
+#: Frames of what runs a script (runpy; memcpy-doctor's runner, which the CLI and click call)
+#: are never user code, nor is anything above them: a stack stops there.
+_SCRIPT_BOUNDARY = ("<frozen runpy>", runpy.__file__,
+                    os.path.join(PACKAGE_DIR, "run", "runner.py"))
 
 _getframe = sys._getframe
 
@@ -216,7 +218,7 @@ class SiteResolver:
         mine = False  # a frame of the user's own code is kept
         while frame is not None:
             if frame.f_code.co_filename in _SCRIPT_BOUNDARY:
-                break  # above runpy lies the launcher (the CLI), not the user's program
+                break  # above lies the launcher (the CLI, click), not the user's program
             entry = codes.get(id(frame.f_code))
             if entry is None:
                 entry = self.classify(frame.f_code)
