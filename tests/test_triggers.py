@@ -160,6 +160,20 @@ def test_host_index_tensor(tmp_path, device):
     """, device)
 
 
+def test_a_host_mask_sends_its_positions_without_a_sync(tmp_path, device):
+    """torch 2.13's IndexingUtils.h finds a host mask's positions on the host, into pinned
+    memory, and sends them with non_blocking: PyTorch's test_torch.py::test_sync_warning
+    lists `x[mask_cpu]` and `x[mask_cpu] = y` under expect_no_sync (issue 41)."""
+    check(tmp_path, """
+        import torch
+        x = torch.rand(4, device="cuda")
+        y = torch.rand((), device="cuda")
+        mask_cpu = torch.tensor([True, False, True, True])
+        a = x[mask_cpu]  # expect: HtoD async index pinned
+        x[mask_cpu] = y  # expect: HtoD async index pinned
+    """, device)
+
+
 def test_no_copy_cases(tmp_path, device):
     check(tmp_path, """
         import torch

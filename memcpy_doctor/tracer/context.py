@@ -220,6 +220,18 @@ class ThreadContext:
         self.record_copy(direction, True, False, trigger, nbytes, host_ns, device_ns, site,
                          src, None, src)
 
+    def async_copy(self, direction: str, trigger: str, nbytes: int, src: Tensor,
+                   site: Any) -> None:
+        """A copy from pinned memory with non_blocking made inside an op (a host mask's
+        positions sent to the device): the host pays the launch. Not timed on a real GPU
+        (the op's time holds it)."""
+        host_ns = device_ns = 0
+        if self.timeline is not None:
+            device_ns = self.profile.copy_ns(direction, nbytes, True)
+            host_ns = self.timeline.enqueue(self.profile.launch_ns, device_ns)
+        self.record_copy(direction, False, True, trigger, nbytes, host_ns, device_ns, site,
+                         src, None, src, non_blocking=True)
+
     def host_wait(self, kind: str, measured_ns: int = 0, site: Any = UNRESOLVED) -> None:
         """A host wait that is not a copy: synchronize, stream or event waits, at `site`
         (found here when not given)."""

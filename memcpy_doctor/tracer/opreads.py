@@ -64,6 +64,10 @@ def _index_copies(ctx: Any, info: OpInfo, args: tuple, kwargs: dict, site: Any,
             if is_mask(idx):
                 ctx.sync_copy("DtoH", "mask", COUNT_BYTES, idx, site, measured_ns)
                 measured_ns = 0
+        elif is_mask(idx):  # a host mask: its positions, found on the host into pinned
+            # memory, go over with non_blocking (IndexingUtils.h; PyTorch's test_sync_warning
+            # expects no sync): an async copy of an int64 row per dimension per position
+            ctx.async_copy("HtoD", "index", int(idx.sum()) * idx.dim() * 8, idx, site)
         elif idx.dim() >= 1:
             ctx.sync_copy("HtoD", "index", idx.nbytes, idx, site, measured_ns)
             measured_ns = 0
