@@ -122,10 +122,15 @@ def _pinv(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     return _check_errors(args, kwargs, out) if hermitian else _svd(args, kwargs, out)
 
 
+#: torch from which multinomial checks its probabilities with `_assert_async` (a device-side
+#: assert on CUDA: no read; PyTorch #134818, in 2.5) instead of two `.item()` reads.
+_MULTINOMIAL_ASSERTS = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def _multinomial(args: tuple, kwargs: dict, out: Any) -> list[Read]:
     samples = args[1] if len(args) > 1 else kwargs.get("num_samples")
     replacement = args[2] if len(args) > 2 else kwargs.get("replacement", False)
-    if replacement and samples != 1:
+    if _MULTINOMIAL_ASSERTS or (replacement and samples != 1):
         return []
     probs = args[0]
     # whether every probability is finite and >= 0, then whether any row sums to zero
