@@ -437,3 +437,19 @@ def test_pinning_costs_the_host_a_copy_at_its_memory_bandwidth():
                 assert batch.is_pinned() == pin
         loaders.append(prof.trace.summary.total_ns)
     assert loaders[1] - loaders[0] == 2 * (profile.host_op_ns + int(x.nbytes / 2 / 1e10 * 1e9))
+
+
+def test_save_on_cpu_with_pinned_memory_runs_and_packs_without_a_sync():
+    """`save_on_cpu(pin_memory=True)` pins in its pack hook, where the function mode does not
+    see the factory (issue 41: it raised "pin_memory=True requires a CUDA ... backend"); it
+    packs with non_blocking into pinned memory: async copies, as PyTorch's tests expect."""
+    with memcpy_doctor.profiler(device="sim") as prof:
+        d = torch.full((8, 8), 3.0, device="cuda", requires_grad=True)
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            y = (d * d).sum()
+        y.backward()
+        grad = d.grad.cpu()
+    assert torch.equal(grad, torch.full((8, 8), 6.0))
+    packs = [c for c in prof.trace.copies if c.trigger == "copy_"]
+    assert [(c.direction, c.sync, c.pinned, c.non_blocking, c.calls) for c in packs] == [
+        ("DtoH", False, True, True, 2)]

@@ -43,7 +43,8 @@ from .context import UNRESOLVED, ThreadContext
 from .cuda import GpuSteps
 from .opreads import after_op
 from .optable import DTYPE_CLASS, OP_INFO, op_info
-from .tensors import NO_KWARGS, names_cuda, tensor_args, tensors_out, with_kwarg_tensors
+from .tensors import (NO_KWARGS, names_cuda, storage_of, tensor_args, tensors_out,
+                      with_kwarg_tensors)
 
 Tensor = torch.Tensor
 
@@ -82,9 +83,8 @@ def dispatcher(ctx: ThreadContext, records: bool = True) -> Callable[..., Any]:
                 return _in_region(ctx, dispatch, mode, func, types, args, kwargs)
             # 1. the op, and its tensor inputs (most often all its arguments, or the first)
             info = OP_INFO.get(id(func)) or op_info(func)
-            if info.composite:  # (inference mode: autograd did not decompose it) its parts
-                with mode:  # reach this mode, as they do everywhere else
-                    return func.decompose(*args, **kwargs)
+            if info.composite:  # (inference mode: autograd did not decompose it)
+                return _decomposed(mode, func, args, kwargs)
             clock.host_ns += python_op_ns  # 0. the program's own time before this op
             for a in args:
                 if not isinstance(a, Tensor):
@@ -95,6 +95,8 @@ def dispatcher(ctx: ThreadContext, records: bool = True) -> Callable[..., Any]:
             forced = ctx.forced  # a simulated factory's outputs: on cuda (True) or host
             if kwargs:
                 ins = with_kwarg_tensors(ins, kwargs)
+                if gpu is None and kwargs.get("pin_memory"):
+                    return _pinned(sim, func, args, kwargs)  # (below the function mode)
                 if names_cuda(kwargs.get("device")):  # a cuda device reached an op
                     if gpu is None and ins and info.short == "_to_copy":
                         return sim.dispatch_transfer(func, args, kwargs)
@@ -116,8 +118,7 @@ def dispatcher(ctx: ThreadContext, records: bool = True) -> Callable[..., Any]:
                     site = ctx.op_site(2)
             if gpu is not None:  # 2 and 4-8 on a real GPU (timed by the clock and CUDA events)
                 return gpu.run(record, info, func, args, kwargs, ins, forced, site)
-            # 4. the op itself (its time is modeled, in `record`)
-            out = info.call(*args, **kwargs) if kwargs else info.call(*args)
+            out = info.call(*args, **kwargs) if kwargs else info.call(*args)  # 4. the op
             outs = (out,) if isinstance(out, Tensor) else tensors_out(out)
             # 5. the outputs' device (a factory in a composite op: that of its call's inputs)
             on_device = forced if forced is not None else any_dev if ins else (
@@ -157,6 +158,23 @@ class _Unread:
 
     def __init__(self) -> None:
         self.host_ns = 0
+
+
+def _decomposed(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A composite op run as its parts, with the mode on, so that each part reaches the
+    per-op path as it does where autograd decomposes it (what FakeTensorMode does)."""
+    with mode:
+        return func.decompose(*args, **kwargs)
+
+
+def _pinned(sim: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A factory asking pinned memory where the function mode does not see it (a
+    saved-tensors hook's `torch.empty(..., pin_memory=True)`, as `save_on_cpu` makes): host
+    memory, marked pinned, as the function mode's factory handler makes it (an allocation:
+    no kernel, no record)."""
+    out = func(*args, **{**kwargs, "pin_memory": False})
+    sim.pinned_marks.add(storage_of(out))
+    return out
 
 
 def _unrecorded(*args: Any) -> None:

@@ -51,7 +51,27 @@ def torch_patches(sim: Any) -> list[tuple[Any, str, Any]]:
     return [group_by_device_patch(sim), cudnn_patch(), generator_patch(),
             (nvtx, "_nvtx", _NoNvtx()),
             (torch.nn.DataParallel, "scatter", _data_parallel_scatter),
-            *engine_patches(lambda: sim.st)]
+            save_on_cpu_patch(sim), *engine_patches(lambda: sim.st)]
+
+
+def save_on_cpu_patch(sim: Any) -> tuple[Any, str, Callable[..., Any]]:
+    """`torch.autograd.graph.save_on_cpu`: its pack hook runs below the function mode, where
+    `tensor.device` of a device tensor answers cpu, so the unpack hook would send it back to
+    the host, not the device. The same hooks, with the device the simulated GPU answers (its
+    `torch.empty(..., pin_memory=True)` is the per-op path's, perop._pinned)."""
+    cls = torch.autograd.graph.save_on_cpu
+    original = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        pack = self.pack_hook
+
+        def pack_on_device(tensor: torch.Tensor) -> Any:
+            device, packed = pack(tensor)
+            return (CUDA0 if sim.on_device(tensor) else device), packed
+        self.pack_hook = pack_on_device
+
+    return cls, "__init__", __init__
 
 
 def group_by_device_patch(sim: Any) -> tuple[Any, str, Callable[..., Any]]:
