@@ -5,6 +5,8 @@ library deeper than a copy's kept stack."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import textwrap
 
@@ -202,3 +204,11 @@ def test_a_library_line_reached_from_two_lines_names_each_caller(tmp_path, monke
                     key=lambda c: user_site(c).line)
     assert [(c.site.line, user_site(c).line, c.calls, c.bytes) for c in copies] == [
         (2, first, 3, 48), (2, first + 1, 3, 96)]
+    # each caller is a finding of its own, and the report names it
+    findings = check(prof.trace, {"sync_calls": 0}).findings
+    assert sorted(f.copy.calls for f in findings if f.copy.trigger == "to") == [3, 3]
+    from memcpy_doctor.render.text import render_text
+    report = render_text(prof.trace)
+    me = os.path.basename(__file__)
+    for line in (first, first + 1):
+        assert re.search(rf"movelib\.py:2 from \S*{me}:{line}\b", report), report

@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..core.trace import CopyRecord, Site, Trace
 from ..core.units import format_value, parse_bytes
+from .attribution import read_line, user_site
 
 
 class GateError(ValueError):
@@ -266,7 +267,12 @@ def _findings(result: CheckResult, copies: list[CopyRecord], base: list[CopyReco
 
 def path_identity(c: CopyRecord, root: str) -> tuple:
     """What makes a copy path the same one in a baseline and a new trace: not its line, which
-    moves when code is added above it, but its kind, file, function and producer op."""
+    moves when code is added above it, but its kind, file, function and producer op; for a
+    copy made inside a library, also the user's line that led there, by its file, function
+    and text (a library line called from two lines of the user's code is two paths)."""
     file = site_key(c, root).rsplit(":", 1)[0]
+    user = user_site(c)
+    caller = (None if user is None or user is c.site else
+              (site_name(user, root).rsplit(":", 1)[0], user.function, read_line(user)))
     return (c.direction, c.trigger, file, c.site.function if c.site else None,
-            c.producer.op if c.producer else None)
+            c.producer.op if c.producer else None, caller)

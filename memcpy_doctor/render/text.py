@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..analysis.steady import StepSplit, estimate_steps, split_sync
 from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
+from ..analysis.attribution import user_site
 from ..core.paths import format_site
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
 from .compiled import compile_lines
@@ -79,6 +80,9 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
     rows = []
     for c in sync[:REPORT_SYNC_SITES]:
         where = format_site(c.site, cwd)
+        user = user_site(c)
+        if user is not None and user is not c.site:  # (inside a library: from the user's)
+            where += f" from {format_site(user, cwd)}"
         if c.thread is not None:
             where += f" [thread {c.thread}]"
         rows.append([
