@@ -73,7 +73,8 @@ LIGHT_NOTES = (
     "warnings filters",
 )
 SIM_NOTE = ("light mode on the simulated GPU: times are this machine's wall clock around "
-            "the wrapped calls, not modeled")
+            "the wrapped calls, not modeled; each sync copy is the simulated GPU's, with its "
+            "direction, trigger and size, not a sync-debug warning's")
 
 
 def light_problem(device: str) -> str | None:
@@ -104,7 +105,7 @@ class _SyncWarnings:
         if not text.startswith(SYNC_DEBUG_WARNING):
             return False
         hooks = self.hooks
-        if _get_ident() not in hooks.quiet:
+        if hooks.from_warnings and _get_ident() not in hooks.quiet:
             hooks.sync(_getframe(1))
         return True
 
@@ -115,10 +116,12 @@ class LightHooks:
     Nothing here holds a tensor."""
 
     def __init__(self, clock_start: int | None = None,
-                 keep_events: int = TIMELINE_EVENTS, wrap_to: bool = True) -> None:
-        """`wrap_to`: wrap Tensor.to and Tensor.cuda (a real GPU's; on the simulated GPU its
-        tracer hands the copies to `staged_copy` instead)."""
-        self.wrap_to = wrap_to
+                 keep_events: int = TIMELINE_EVENTS, sim: bool = False) -> None:
+        """`sim`: on the simulated GPU, whose tracer hands every copy to `sim_copy`: its sync
+        copies are recorded from there, with their direction, trigger and size, and its sync
+        warnings only kept off stderr; Tensor.to and Tensor.cuda are not wrapped (wrapping
+        them would hide the call from the simulated GPU's mode, which finds it by name)."""
+        self.wrap_to = self.from_warnings = not sim
         self.collector = Collector()
         self.events = EventRecord(self.collector, keep_events)
         self.sites = SiteResolver()
@@ -159,17 +162,17 @@ class LightHooks:
                          str(src.dtype).replace("torch.", ""), thread,
                          perf_counter_ns() - self.start_ns, non_blocking=True)
 
-    def staged_copy(self, note: Any) -> None:
-        """A copy listener on the simulated GPU's tracer (a CopyEvent): a `.to()` or
-        `.cuda()` to the device from pageable memory with non_blocking=True, which PyTorch
-        does not flag, is recorded as a sync warning is, untimed. (Wrapping Tensor.to there
-        would hide the call from the simulated GPU's mode, which finds it by name.)"""
-        if (note.non_blocking and note.sync and note.direction == "HtoD"
-                and note.trigger != "copy_" and _get_ident() not in self.quiet):
+    def sim_copy(self, note: Any) -> None:
+        """A copy listener on the simulated GPU's tracer (a CopyEvent): each sync copy is
+        recorded with its direction, trigger and size, untimed (light mode's times are the
+        wall clock's, around the wrapped calls), a copy a wrapped call makes excepted (it
+        records itself)."""
+        if note.sync and _get_ident() not in self.quiet:
             site, stack, thread = self._where(_getframe(1))
-            self.events.copy("HtoD", True, False, note.trigger, note.nbytes, 0, 0, site,
-                             stack, None, None, None, note.shape, note.dtype, thread,
-                             perf_counter_ns() - self.start_ns, non_blocking=True)
+            self.events.copy(note.direction, True, note.pinned, note.trigger, note.nbytes, 0,
+                             0, site, stack, None, None, None, note.shape, note.dtype, thread,
+                             perf_counter_ns() - self.start_ns,
+                             non_blocking=note.non_blocking)
 
     # ----- the wrapped calls -----
     def timed_call(self, ident: int, call: Callable, args: tuple,
@@ -368,9 +371,9 @@ class LightTracer:
                 self._peaks_before = device_peaks()
             self._start_ns = perf_counter_ns()
             self.hooks = stack.enter_context(LightHooks(self._start_ns,
-                                                        wrap_to=self._sim is None))
+                                                        sim=self._sim is not None))
             if self._sim is not None:
-                self._sim.add_copy_listener(self.hooks.staged_copy)
+                self._sim.add_copy_listener(self.hooks.sim_copy)
             previous = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, previous)
@@ -420,7 +423,7 @@ class LightTracer:
         if self._sim is not None:
             simulated, name = True, self.profile.name
             peak = self._sim.trace.summary.peak_device_memory_bytes
-            notes.append(SIM_NOTE)
+            notes = [n for n in notes if n != LIGHT_SYNC_NOTE] + [SIM_NOTE]
         else:
             simulated, name = False, torch.cuda.get_device_name()
             peak = measured_peak(self._peaks_before, notes)
