@@ -77,3 +77,36 @@ def line(tag: str) -> int:
     text = pathlib.Path(__file__).read_text().splitlines()
     (hit,) = [i for i, s in enumerate(text, 1) if s.endswith(f"# {tag}")]
     return hit
+
+
+def test_light_records_the_common_reads_with_their_kind_size_and_time(monkeypatch):
+    """On a real GPU light mode wraps `item`, `tolist`, `cpu`, `bool`, `float` and `int`: a
+    read of a device tensor is a DtoH sync copy of its bytes, timed, its kind known, and
+    the sync-debug warning inside it not counted again (issue 41: every sync was DtoH
+    `sync_debug`, 0 bytes, untimed). Here `is_cuda` is answered for one tensor."""
+    from memcpy_doctor.tracer.light import READS
+    import warnings
+    from memcpy_doctor.core.defaults import SYNC_DEBUG_WARNING
+
+    d, h = torch.ones(3), torch.ones(3)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t is d))
+
+    def synced(value):  # a fake read: the warning c10 raises for a device tensor, the value
+        def read(t, *args, **kwargs):
+            if t is d:
+                warnings.warn(SYNC_DEBUG_WARNING + " (fake)", UserWarning)
+            return value
+        return read
+
+    with LightHooks() as hooks:
+        wrapped = {trigger: hooks.read_wrapper(synced(1.0), trigger) for _, trigger in READS}
+        wrapped["item"](d)  # light-item
+        wrapped["cpu"](d)  # light-cpu
+        wrapped["bool"](d)  # light-bool
+        wrapped["item"](h)  # a host tensor: no copy
+    hooks.collector.finish()
+    assert sorted((c.direction, c.sync, c.trigger, c.site.line, c.bytes, c.host_ns > 0,
+                   c.non_blocking) for c in hooks.collector.copy_records()) == sorted([
+        ("DtoH", True, "item", line("light-item"), 12, True, False),
+        ("DtoH", True, "cpu", line("light-cpu"), 12, True, False),
+        ("DtoH", True, "bool", line("light-bool"), 12, True, False)])

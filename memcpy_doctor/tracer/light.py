@@ -62,8 +62,10 @@ _get_ident = threading.get_ident
 #: tracer's (meta.untraced, shown under "Not traced" in the report).
 LIGHT_NOTES = (
     "light mode: syncs found by PyTorch's sync-debug mode and by wrapping "
-    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize, and copy_, to and cuda "
-    "with non_blocking=True between the device and pageable memory; no ops recorded (no "
+    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize, copy_, to and cuda "
+    "with non_blocking=True between the device and pageable memory, and (on a real GPU) "
+    "item, tolist, cpu, bool, float and int of a device tensor, each with its kind, size and "
+    "wall time; no ops recorded (no "
     "per-op rows, producers or consumers; Computation time counts only the timed syncs)",
     LIGHT_SYNC_NOTE,
     "light mode does not see: the caching allocator's syncs (cudaFree when it releases "
@@ -75,6 +77,11 @@ LIGHT_NOTES = (
 SIM_NOTE = ("light mode on the simulated GPU: times are this machine's wall clock around "
             "the wrapped calls, not modeled; each sync copy is the simulated GPU's, with its "
             "direction, trigger and size, not a sync-debug warning's")
+
+
+#: The reads light mode wraps on a real GPU: (Tensor's attribute, the copy's trigger).
+READS = (("item", "item"), ("tolist", "tolist"), ("cpu", "cpu"), ("__bool__", "bool"),
+         ("__float__", "float"), ("__int__", "int"))
 
 
 def light_problem(device: str) -> str | None:
@@ -153,14 +160,15 @@ class LightHooks:
         self.events.wait(kind, site, ns, thread, perf_counter_ns() - self.start_ns)
 
     def copy(self, src: torch.Tensor, ns: int, frame: Any, direction: str = "DtoH",
-             trigger: str = "copy_") -> None:
-        """A copy with non_blocking=True between the device and pageable host memory (into
-        it, or from it to the device, which the driver stages): the host waited."""
+             trigger: str = "copy_", non_blocking: bool = True) -> None:
+        """A copy the host waited for, made by a wrapped call: by default one with
+        non_blocking=True between the device and pageable host memory (into it, or from it
+        to the device, which the driver stages)."""
         site, stack, thread = self._where(frame)
         self.events.copy(direction, True, False, trigger, src.nbytes, ns, 0, site, stack,
                          None, src, None, list(src.shape),
                          str(src.dtype).replace("torch.", ""), thread,
-                         perf_counter_ns() - self.start_ns, non_blocking=True)
+                         perf_counter_ns() - self.start_ns, non_blocking=non_blocking)
 
     def sim_copy(self, note: Any) -> None:
         """A copy listener on the simulated GPU's tracer (a CopyEvent): each sync copy is
@@ -250,6 +258,25 @@ class LightHooks:
         to.__wrapped__ = original
         return to
 
+    def read_wrapper(self, original: Callable, trigger: str) -> Callable:
+        """A Python entry point that reads a tensor back to the host (`item`, `tolist`,
+        `cpu`, `bool`, `float`, `int`: `trigger`): on a device tensor, a DtoH sync copy of
+        its bytes, timed by the wall clock, its sync warning the call's own (so light mode
+        knows the direction, the kind and the size of the syncs users make most); any
+        other call goes straight on, after one look at `is_cuda`."""
+        quiet = self.quiet
+
+        def read(t: Any, *args: Any, **kwargs: Any) -> Any:
+            ident = _get_ident()
+            if not t.is_cuda or ident in quiet:
+                return original(t, *args, **kwargs)
+            result, ns = self.timed_call(ident, original, (t, *args), kwargs)
+            self.copy(t, ns, _getframe(1), "DtoH", trigger, non_blocking=False)
+            return result
+
+        read.__wrapped__ = original
+        return read
+
     def patches(self) -> list[tuple[Any, str, Any]]:
         """The calls wrapped, as they are now (the simulated GPU's, under --device sim)."""
         cuda = torch.cuda
@@ -261,7 +288,9 @@ class LightHooks:
                 (torch.Tensor, "copy_", self.copy_wrapper(torch.Tensor.copy_)),
                 *([(torch.Tensor, "to", self.to_wrapper(torch.Tensor.to, "to")),
                    (torch.Tensor, "cuda", self.to_wrapper(torch.Tensor.cuda, "cuda"))]
-                  if self.wrap_to else [])]
+                  if self.wrap_to else []),
+                *([(torch.Tensor, name, self.read_wrapper(getattr(torch.Tensor, name), trigger))
+                   for name, trigger in READS] if self.wrap_to else [])]
 
     # ----- entering and leaving -----
     @staticmethod
