@@ -138,15 +138,15 @@ def lines_change(file: str, new_lines: dict[int, str], cwd: str | None) -> LineC
     return unified_diff(file, old, new, cwd), {"kind": "lines", "edits": edits[::-1]}
 
 
-def keyword_added(call: ast.Call, lines: list[str], keyword: str) -> tuple[int, str]:
-    """Line number and new text of the line that ends `call` (`lines` without newlines),
-    with `keyword` ("name=value") added as its last argument."""
+def keyword_added(call: ast.Call, source: Source, keyword: str) -> tuple[int, str]:
+    """Line number and new text of the line of `source` that ends `call`, with `keyword`
+    ("name=value") added as its last argument."""
     end = call.end_lineno
-    row = lines[end - 1]
-    close = call.end_col_offset - 1  # the ")"
-    before = row[:close].rstrip()
+    raw = source.line(end).encode("utf-8")
+    close = call.end_col_offset - 1  # the ")" (columns are UTF-8 byte offsets)
+    before = raw[:close].decode("utf-8").rstrip()
     sep = "" if before.endswith(("(", ",")) else ", "
-    return end, before + sep + keyword + row[close:]
+    return end, before + sep + keyword + raw[close:].decode("utf-8")
 
 
 def calls_named(tree: ast.AST, name: str) -> list[ast.Call]:

@@ -18,7 +18,7 @@ from ..core.paths import format_site, is_user_file
 from ..core.trace import CopyRecord, Trace
 from .attribution import Explanation
 from .edits import indent_of, lines_change
-from .expert_source import (SCOPES, Source, declared_shared, loop_parts, names_in,
+from .expert_source import (SCOPES, Source, declared_shared, names_in,
                             once_saving, preceding_store, source_cache, stored_in)
 from .steady import per_step
 from .suggestion import ONCE, Suggestion

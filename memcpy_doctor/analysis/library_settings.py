@@ -139,6 +139,5 @@ def _setting_change(path: str, edits: list[tuple[str, str]],
     keywords = {kw.split("=", 1)[0] for _, kw in edits}
     if len(calls) != 1 or any(k.arg in keywords or k.arg is None for k in calls[0].keywords):
         return None  # (none, several, set already, or **kwargs that may set it)
-    line, new = keyword_added(calls[0], [ln.rstrip("\r\n") for ln in source.lines],
-                              ", ".join(kw for _, kw in edits))
+    line, new = keyword_added(calls[0], source, ", ".join(kw for _, kw in edits))
     return lines_change(path, {line: new}, cwd)

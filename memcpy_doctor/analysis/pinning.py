@@ -44,13 +44,6 @@ class PinPlan:
     in_thread: bool = False  # pinned by a DataLoader's pin-memory thread, not the main one
 
 
-def _parse(path: str) -> tuple[ast.Module, list[str]] | None:
-    source = Source.read(path)
-    if source is None:
-        return None
-    return source.tree, [ln.rstrip("\r\n") for ln in source.lines]
-
-
 def _transfer_calls(tree: ast.AST, line: int) -> list[ast.Call]:
     return [n for n in ast.walk(tree)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
@@ -58,23 +51,16 @@ def _transfer_calls(tree: ast.AST, line: int) -> list[ast.Call]:
 
 
 def _with_non_blocking(text: str, calls: list[ast.Call]) -> str:
-    """`text` with `non_blocking=True` added to each of `calls` (all on this line)."""
+    """`text` with `non_blocking=True` added to each of `calls` (all on this line; their
+    columns are UTF-8 byte offsets)."""
+    raw = text.encode("utf-8")
     for call in sorted(calls, key=lambda c: -c.end_col_offset):
         if any(k.arg == "non_blocking" for k in call.keywords):
             continue
         close = call.end_col_offset - 1  # the ")"
-        inner = text[call.func.end_col_offset + 1:close].strip()
-        text = text[:close] + (", " if inner else "") + "non_blocking=True" + text[close:]
-    return text
-
-
-def _enclosing_loop(tree: ast.Module, line: int) -> ast.For | None:
-    best = None
-    for n in ast.walk(tree):
-        if isinstance(n, ast.For) and n.lineno < line <= (n.end_lineno or n.lineno):
-            if best is None or n.lineno > best.lineno:
-                best = n
-    return best
+        inner = raw[call.func.end_col_offset + 1:close].strip()
+        raw = raw[:close] + (b", " if inner else b"") + b"non_blocking=True" + raw[close:]
+    return raw.decode("utf-8")
 
 
 def _names(target: ast.AST) -> set[str]:
@@ -126,38 +112,29 @@ def _assignment_before(tree: ast.Module, name: str, line: int) -> ast.Assign | N
     return best
 
 
-def _imports_torch(tree: ast.Module) -> bool:
-    return any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None
-                                                  for a in n.names)
-               for n in tree.body)
-
-
 def pin_plan(copies: list[CopyRecord]) -> PinPlan | None:
     """The edit that pins the sources of `copies` (host->device copies made at one line of
     the user's code) and copies them with non_blocking; None when no such edit is found."""
     site = copies[0].site
-    parsed = _parse(site.file)
-    if parsed is None:
-        return None
-    tree, text = parsed
-    if not 0 < site.line <= len(text):
+    src = Source.read(site.file)
+    if src is None:
         return None
     ends = {c.end_col for c in copies}
-    calls = [c for c in _transfer_calls(tree, site.line)
+    calls = [c for c in _transfer_calls(src.tree, site.line)
              if None in ends or c.end_col_offset in ends]
     if not calls:
         return None
-    lines = {site.line: _with_non_blocking(text[site.line - 1], calls)}
+    lines = {site.line: _with_non_blocking(src.line(site.line), calls)}
     if all(c.pinned for c in copies):
         return PinPlan(site.file, lines, "")
     roots = {_root(c.func.value) for c in calls}
-    loop = _enclosing_loop(tree, site.line)
-    if loop is not None and roots <= _names(loop.target):
-        loader = _loader_of(tree, loop)
+    loop = src.loop_of(calls[0])
+    if isinstance(loop, ast.For) and roots <= _names(loop.target):
+        loader = _loader_of(src.tree, loop)
         if loader is None:
             return None
         if not any(k.arg == "pin_memory" for k in loader.keywords):
-            end, new = keyword_added(loader, text, "pin_memory=True")
+            end, new = keyword_added(loader, src, "pin_memory=True")
             lines[end] = new
         elif not any(k.arg == "pin_memory" and isinstance(k.value, ast.Constant)
                      and k.value.value is True for k in loader.keywords):
@@ -168,21 +145,18 @@ def pin_plan(copies: list[CopyRecord]) -> PinPlan | None:
         return PinPlan(site.file, lines, f"DataLoader at line {loader.lineno}",
                        every_call=not threaded, in_thread=threaded)
     names = {c.func.value.id for c in calls if isinstance(c.func.value, ast.Name)}
-    if not _imports_torch(tree) or len(names) != len(calls):
+    if src.module_alias("torch") != "torch" or len(names) != len(calls):
         return None  # (a source that is not a plain name: no place to pin it found)
-    pins = []
-    for name in sorted(names):
-        made = _assignment_before(tree, name, site.line)
-        if made is None or made.end_lineno in lines:
+    made = {name: _assignment_before(src.tree, name, site.line) for name in sorted(names)}
+    for name, stmt in made.items():
+        if stmt is None or stmt.end_lineno in lines:
             return None
-        end = made.end_lineno
-        pin = f"{indent_of(text[made.lineno - 1])}{name} = " \
-              f"{name}.pin_memory() if torch.cuda.is_available() else {name}"
-        lines[end] = text[end - 1] + "\n" + pin
-        pins.append(f"line {made.lineno}")
-    inside = loop is not None and all(
-        loop.lineno < _assignment_before(tree, n, site.line).lineno for n in names)
-    return PinPlan(site.file, lines, "after " + ", ".join(pins), inside)
+        end = stmt.end_lineno
+        lines[end] = (f"{src.line(end)}\n{indent_of(src.line(stmt.lineno))}{name} = "
+                      f"{name}.pin_memory() if torch.cuda.is_available() else {name}")
+    inside = loop is not None and all(loop.lineno < m.lineno for m in made.values())
+    return PinPlan(site.file, lines,
+                   "after " + ", ".join(f"line {m.lineno}" for m in made.values()), inside)
 
 
 def plan_change(plan: PinPlan, cwd: str | None) -> LineChange | None:

@@ -21,7 +21,6 @@ from typing import ClassVar
 
 from ..core.trace import CopyRecord, OpRecord, Site, Trace
 from .attribution import Chain, Explanation, read_line
-from ..core.costmodel import profile_of
 from ..core.paths import format_site, is_user_file
 from .edits import LineChange, drop_transfer_change, guard_cost_ns, guard_diff
 from .expert_source import Source
@@ -152,10 +151,6 @@ class HostRoundTrip(Rule):
             moved=moved, cost_ns=guard_ns)
 
 
-def _launch_ns(trace: Trace) -> int:
-    return profile_of(trace).launch_ns
-
-
 def _reads_device_data(trace: Trace, chain: Chain) -> bool:
     """Whether an op between the chain's copies also reads data made on the device: then
     only a guard, which moves every input, keeps it on the host; dropping the one transfer
@@ -248,25 +243,20 @@ class HostReadInLoop(Rule):
                 continue  # (two reads on one line, or in one burst, are not a loop)
             if not self._read_here(c) or _periodic(c):
                 continue
-            saving = c.host_ns * (c.calls - 1) // c.calls
+            where = format_site(c.site, cwd)
             line = read_line(c.site)
-            if "print(" in line or "log" in line:  # (the value is the output: all of them)
-                out.append(Suggestion(
-                    rule=self.name,
-                    title=f"print the device value every k steps, not {c.calls} times, at "
-                          f"{format_site(c.site, cwd)} (changes what is printed)",
-                    detail=(f"`{c.trigger}` reads a device value {c.calls} times to print or "
-                            "log it, and the host waits each time"),
-                    sites=[c.site], removes=[c], saving_ns=saving, effect=ONCE, exact=False,
-                    changes_results=True))
-                continue
+            printed = "print(" in line or "log" in line  # (the value is the output: each)
+            title, how = ((f"print the device value every k steps, not {c.calls} times, at "
+                           f"{where} (changes what is printed)", "to print or log it, and "
+                           "the host waits each time") if printed else
+                          (f"read once after the loop instead of {c.calls} times at {where}",
+                           "and the host waits each time; accumulate on the device "
+                           "(x.detach()) and read once"))
             out.append(Suggestion(
-                rule=self.name,
-                title=f"read once after the loop instead of {c.calls} times at "
-                      f"{format_site(c.site, cwd)}",
-                detail=(f"`{c.trigger}` reads a device value {c.calls} times and the host waits "
-                        "each time; accumulate on the device (x.detach()) and read once"),
-                sites=[c.site], removes=[c], saving_ns=saving, effect=ONCE))
+                rule=self.name, title=title,
+                detail=f"`{c.trigger}` reads a device value {c.calls} times {how}",
+                sites=[c.site], removes=[c], saving_ns=c.host_ns * (c.calls - 1) // c.calls,
+                effect=ONCE, exact=not printed, changes_results=printed))
         return out
 
     #: How each trigger is written where the user's code reads the value itself.
