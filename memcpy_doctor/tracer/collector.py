@@ -287,11 +287,12 @@ class Collector:
         event.add(host_ns, device_ns)
         # the objects that live as long as the run, by id: equal values are merged at the end
         # (the stack too: a library's line reached from two lines of the user's code is two
-        # paths, each with its caller; SiteResolver.stack_at gives each caller its own list)
+        # paths, each with its caller; SiteResolver.stack_at gives each caller its own list,
+        # whose value joins the path's at the end: `_by_value`)
         key = (direction, sync, pinned, trigger, id(site), id(producer), thread, non_blocking,
                id(stack))
         pending = PendingCopy(key, (direction, sync, pinned, trigger, site, producer, thread,
-                                    non_blocking, tuple(stack)),
+                                    non_blocking),
                               nbytes, host_ns, device_ns, stack, shape, dtype, event, at_ns,
                               end_col)
         if dst is None:
@@ -410,12 +411,14 @@ class Collector:
     def copy_records(self) -> list[CopyRecord]:
         paths: dict[tuple, CopyAgg] = {}  # equal paths filed apart (equal, distinct objects)
         for a in self.copies.values():
-            into = paths.setdefault(a.path, a)
+            value = _by_value(a)
+            into = paths.setdefault(value, a)
             if into is not a:
-                into = paths[a.path] = into.merged(a)
+                into = paths[value] = into.merged(a)
         out = []
-        for (direction, sync, pinned, trigger, site, producer, thread, non_blocking, _,
-             consumer), a in paths.items():
+        for a in paths.values():
+            (direction, sync, pinned, trigger, site, producer, thread, non_blocking,
+             consumer) = a.path
             out.append(CopyRecord(direction, sync, pinned, trigger, a.calls, a.bytes,
                                   a.host_ns, a.device_ns, site, a.stack, producer, consumer,
                                   a.shape, a.dtype, thread, a.first_ns, a.last_ns,
@@ -431,7 +434,7 @@ class Collector:
         after `finish`: op_records, copy_records, wait_records, by `kind`."""
         if self._index is None:
             ops = [a for a in self.ops.values() if a.calls]
-            paths = dict.fromkeys(a.path for a in self.copies.values())
+            paths = dict.fromkeys(_by_value(a) for a in self.copies.values())
             self._index = ({id(a): i for i, a in enumerate(ops)},
                            {path: i for i, path in enumerate(paths)},
                            {key: i for i, key in enumerate(self.waits)})
@@ -439,5 +442,11 @@ class Collector:
         if kind == "op":  # (an op's event names its OpAgg by id)
             return ops.get(handle)
         if kind == "copy":
-            return copies.get(handle.agg.path) if handle.agg is not None else None
+            return copies.get(_by_value(handle.agg)) if handle.agg is not None else None
         return waits.get(handle)
+
+
+def _by_value(agg: CopyAgg) -> tuple:
+    """What a copy path is by value, to merge equal paths filed apart (equal, distinct
+    objects): its path, and its stack (a library copy's caller makes a path of its own)."""
+    return agg.path, tuple(agg.stack)

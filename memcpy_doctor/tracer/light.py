@@ -112,7 +112,7 @@ class _SyncWarnings:
         if not text.startswith(SYNC_DEBUG_WARNING):
             return False
         hooks = self.hooks
-        if hooks.from_warnings and _get_ident() not in hooks.quiet:
+        if not hooks.sim and _get_ident() not in hooks.quiet:
             hooks.sync(_getframe(1))
         return True
 
@@ -128,7 +128,7 @@ class LightHooks:
         copies are recorded from there, with their direction, trigger and size, and its sync
         warnings only kept off stderr; Tensor.to and Tensor.cuda are not wrapped (wrapping
         them would hide the call from the simulated GPU's mode, which finds it by name)."""
-        self.wrap_to = self.from_warnings = not sim
+        self.sim = sim
         self.collector = Collector()
         self.events = EventRecord(self.collector, keep_events)
         self.sites = SiteResolver()
@@ -286,11 +286,11 @@ class LightHooks:
                 (cuda.Event, "synchronize", self.timed("event_synchronize",
                                                        cuda.Event.synchronize)),
                 (torch.Tensor, "copy_", self.copy_wrapper(torch.Tensor.copy_)),
-                *([(torch.Tensor, "to", self.to_wrapper(torch.Tensor.to, "to")),
-                   (torch.Tensor, "cuda", self.to_wrapper(torch.Tensor.cuda, "cuda"))]
-                  if self.wrap_to else []),
-                *([(torch.Tensor, name, self.read_wrapper(getattr(torch.Tensor, name), trigger))
-                   for name, trigger in READS] if self.wrap_to else [])]
+                *([] if self.sim else [
+                    (torch.Tensor, "to", self.to_wrapper(torch.Tensor.to, "to")),
+                    (torch.Tensor, "cuda", self.to_wrapper(torch.Tensor.cuda, "cuda")),
+                    *((torch.Tensor, name, self.read_wrapper(getattr(torch.Tensor, name), t))
+                      for name, t in READS)])]
 
     # ----- entering and leaving -----
     @staticmethod

@@ -144,19 +144,22 @@ class SiteResolver:
         """The user stack of the first copy made at `site` (a copy record keeps the stack of
         its first call, so later calls at the site need no walk; for a site inside a library,
         of the first copy made there from the same line of the user's code, found by a climb
-        to it: one list per caller, which the collector files as a path of its own), and where,
-        on the line,
-        the call now making a copy ends (two calls on one line are told apart by it). The
+        to it: one list per caller, which the collector files as a path of its own), and
+        where, on the line, the call now making a copy ends (two calls on one line are told
+        apart by it). The
         user's frame is found by a climb, or, for a copy made through as many frames as the
         last one at the site, where that one's was: the same code, under a frame of torch's
         or this package's own (a look-up rather than a climb of six or more frames)."""
         found = self._stacks.get(id(site))
         if found is None:  # [stack, depth of the frame under the user's last time, its code,
-            stack = self.stack()  # the caller: the stack's first frame of the user's code]
-            found = self._stacks[id(site)] = [stack, 0, None, _first_user(stack)]
+            stack = self.stack()  # and, for a site in a library, the stack's user caller]
+            caller = _first_user(stack)
+            found = self._stacks[id(site)] = [stack, 0, None,
+                                              caller if stack and caller is not stack[0]
+                                              else None]
         stack = found[0]
-        if site is not None and (not stack or stack[0] is not found[3]):  # (made in a library:
-            caller = self._caller()  # its caller now may be another line of the user's)
+        if found[3] is not None:  # (made in a library: its caller now may be another line)
+            caller = self._caller()
             if caller is not found[3] and caller is not None:
                 stack = self._by_caller.get((id(site), id(caller)))
                 if stack is None:

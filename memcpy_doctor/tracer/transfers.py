@@ -25,7 +25,7 @@ class TransferLog:
         if len(self._logged) >= self.limit:
             self.dropped += 1
             return
-        direction, sync, pinned, trigger, site, producer, _, non_blocking, _ = pending.path
+        direction, sync, pinned, trigger, site, producer, _, non_blocking = pending.path
         self._logged.append((TransferRecord(
             seq=len(self._logged), direction=direction, sync=sync, pinned=pinned,
             trigger=trigger, bytes=pending.nbytes, shape=pending.shape, dtype=pending.dtype,
