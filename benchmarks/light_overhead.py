@@ -6,7 +6,7 @@
 Three checks:
 
 - sites: each program of sample_models/ run in this process under the full tracer and under
-  light mode on the device; the syncs per (site, thread) must be equal
+  light mode on the device; the syncs per (site, thread, direction) must be equal
   (analysis/compare.py `sync_sites`).
 - wall: a GPU-bound loop (a 4096x4096 matmul per step, a `.item()` every 10th step) run
   plain, under light mode and under the full tracer, the best of --repeats each; the goal is
@@ -15,8 +15,10 @@ Three checks:
   plumbing works.
 - --instructions (valgrind's callgrind, host tensors): CPU instructions per op of a loop of
   small ops that do not sync, plain and with light mode's hooks installed (the warnings
-  filter and the wrapped calls; sync-debug mode itself needs a GPU); the goal is no added
-  instruction. Also per `copy_` call, which light mode wraps.
+  filter and the wrapped calls of a real GPU's light mode; sync-debug mode itself needs a
+  GPU); the goal is within 1% of plain. Also per call of three wrapped entry points that
+  do not cross between host and device (`copy_`, `.to(dtype)`, `.item()` of host tensors):
+  what the wrapper's look at its arguments costs.
 
 Prints a table per check and one JSON line (`light_overhead: {...}`) for benchmarks/gpu_run.sh,
 which keeps its output in log.txt. Exit status 1 when the sites differ.
@@ -36,7 +38,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 SAMPLES = HERE.parent / "sample_models"
 SAMPLE_ARGS = {"shape_slice_crop": []}  # the others: --steps 5
 SMALL_OPS_ITERS = 2000  # x3 ops, under callgrind
-COPY_ITERS = 1000
+CALL_ITERS = 1000  # of each wrapped call
 
 
 def sites(device: str) -> list[dict]:
@@ -53,9 +55,9 @@ def sites(device: str) -> list[dict]:
         for kind, tracer in (("full", Tracer(device=device)),
                              ("light", LightTracer(device=device))):
             result = run_script(str(path), args, tracer)
-            found[kind] = {f"{s.file if s else None}:{s.line if s else 0}"
+            found[kind] = {f"{s.file if s else None}:{s.line if s else 0} {d}"
                            f"{'' if t is None else ' [' + t + ']'}": n
-                           for (s, t), n in sync_sites(result.trace).items()}
+                           for (s, t, d), n in sync_sites(result.trace).items()}
             found[kind + "_status"] = result.exit_status
         rows.append({"program": path.stem, "full": found["full"], "light": found["light"],
                      "equal": found["full"] == found["light"] and not found["full_status"]
@@ -76,7 +78,6 @@ def gpu_loop(device: str, steps: int, size: int) -> None:
 
 def wall(device: str, steps: int, repeats: int) -> dict:
     """Best wall seconds of the loop plain, light and full; ratios to plain."""
-    import torch
     from memcpy_doctor.tracer import Tracer
     from memcpy_doctor.tracer.light import LightTracer
 
@@ -125,41 +126,71 @@ def _copies(n: int) -> None:
         dst.copy_(src)
 
 
+def _to_dtype(n: int) -> None:
+    import torch
+    x = torch.ones(64)
+    for _ in range(n):
+        x.to(torch.float64)
+
+
+def _items(n: int) -> None:
+    import torch
+    x = torch.ones(())
+    for _ in range(n):
+        x.item()
+
+
+#: What is counted, each plain and with light mode's hooks: (name, loop, calls per loop).
+PARTS = (("op", lambda: _small_ops(SMALL_OPS_ITERS), 3 * SMALL_OPS_ITERS),
+         ("copy_", lambda: _copies(CALL_ITERS), CALL_ITERS),
+         ("to(dtype)", lambda: _to_dtype(CALL_ITERS), CALL_ITERS),
+         ("item", lambda: _items(CALL_ITERS), CALL_ITERS))
+
+
+def _in_iterator(k: int, part) -> None:
+    """Run `part` inside the k-th of benchmarks/instructions.py's TOGGLES iterators."""
+    runs = (lambda: list(itertools.starmap(part, [()])),
+            lambda: list(itertools.filterfalse(lambda _: part(), [0])),
+            lambda: list(itertools.dropwhile(lambda _: part(), [0])),
+            lambda: list(itertools.takewhile(lambda _: part(), [0])),
+            lambda: list(itertools.accumulate([0, 0], lambda *_: part())),
+            lambda: list(itertools.compress((part() for _ in [0]), [1])),
+            lambda: list(itertools.pairwise(part() if i == 0 else None for i in range(2))),
+            lambda: list(itertools.zip_longest(part() for _ in [0])))
+    runs[k]()
+
+
 def measure() -> None:
     """Inside callgrind: each part once uncounted, then inside its own itertools iterator
-    (benchmarks/instructions.py's scheme): plain ops, ops with the hooks installed, plain
-    copy_, copy_ with the hooks. The hooks are installed and removed outside the counted
-    parts: what is counted is what an op costs while light mode runs."""
+    (benchmarks/instructions.py's scheme), plain and with the hooks of light mode on a real
+    GPU installed (its warnings filter and every wrapped call; sync-debug mode itself needs
+    a GPU). The hooks are installed and removed outside the counted parts: what is counted
+    is what an op or a call costs while light mode runs."""
     import torch
 
     from memcpy_doctor.tracer.light import LightHooks
     torch.set_num_threads(1)
-    ops, copies = (lambda *_: _small_ops(SMALL_OPS_ITERS)), (lambda *_: _copies(COPY_ITERS))
-    for part in (ops, copies):
+    for _, part, _ in PARTS:
         part()
         with LightHooks():
             part()
-    list(itertools.starmap(ops, [()]))
-    with LightHooks():
-        list(itertools.filterfalse(ops, [0]))
-    list(itertools.dropwhile(copies, [0]))
-    with LightHooks():
-        list(itertools.takewhile(lambda _: copies(), [0]))
+    for i, (_, part, _) in enumerate(PARTS):
+        _in_iterator(2 * i, part)
+        with LightHooks():
+            _in_iterator(2 * i + 1, part)
 
 
 def instructions() -> dict:
     sys.path.insert(0, str(HERE))
     from instructions import TOGGLES, run_counted
-    names = [TOGGLES["plain"], TOGGLES["bare"], TOGGLES["memcpy-doctor (host)"],
-             TOGGLES["memcpy-doctor (sim)"]]  # (measure's four parts, in its order)
+    names = list(TOGGLES.values())[:2 * len(PARTS)]  # (measure's parts, in its order)
     counts, _ = run_counted([sys.executable, __file__, "--measure"], names, "light overhead")
-    ops = 3 * SMALL_OPS_ITERS
-    return {"ops": ops, "plain_per_op": counts[names[0]] / ops,
-            "light_per_op": counts[names[1]] / ops,
-            "added_per_op": (counts[names[1]] - counts[names[0]]) / ops,
-            "copy_calls": COPY_ITERS, "plain_per_copy": counts[names[2]] / COPY_ITERS,
-            "light_per_copy": counts[names[3]] / COPY_ITERS,
-            "added_per_copy": (counts[names[3]] - counts[names[2]]) / COPY_ITERS}
+    found = {}
+    for i, (what, _, calls) in enumerate(PARTS):
+        plain, light = counts[names[2 * i]] / calls, counts[names[2 * i + 1]] / calls
+        found[what] = {"calls": calls, "plain": plain, "light": light, "added": light - plain,
+                       "added_pct": (light - plain) / plain * 100}
+    return found
 
 
 def main() -> None:
@@ -179,12 +210,10 @@ def main() -> None:
         if shutil.which("valgrind") is None:
             sys.exit("valgrind not found: install valgrind (apt install valgrind)")
         found = instructions()
-        print(f"instructions per op ({found['ops']} small host ops that do not sync): plain "
-              f"{found['plain_per_op']:.0f}, light hooks {found['light_per_op']:.0f}, added "
-              f"{found['added_per_op']:.1f}")
-        print(f"instructions per copy_ call (host to host, wrapped): plain "
-              f"{found['plain_per_copy']:.0f}, light hooks {found['light_per_copy']:.0f}, "
-              f"added {found['added_per_copy']:.1f}")
+        print("instructions per call, plain and with light mode's hooks (host tensors):")
+        for what, row in found.items():
+            print(f"  {what:<10} ({row['calls']} calls) plain {row['plain']:.0f}, light "
+                  f"{row['light']:.0f}, added {row['added']:.1f} ({row['added_pct']:.2f}%)")
         print("light_overhead: " + json.dumps({"instructions": found}))
         return
     import torch

@@ -1,4 +1,5 @@
-"""PyTorch's own sync assertions, as tests of the simulated GPU (issue 41).
+"""PyTorch's own sync assertions, as tests of the simulated GPU (issue 41): test_torch.py's
+`test_sync_warning`, and test_cuda.py's non_blocking tests (at the end).
 
 `test/test_torch.py::TestTorchDeviceType::test_sync_warning` runs each call under
 `CudaSyncGuard` and asserts that it warns of a synchronizing call (`expect_sync`) or does not
@@ -94,3 +95,85 @@ def test_what_pytorch_expects_not_to_sync_does_not(call, where):
 @pytest.mark.parametrize("call", EXPECT_SYNC)
 def test_what_pytorch_expects_to_sync_does(call, where):
     assert _syncs(call, where) > 0
+
+
+# ----- test/test_cuda.py: non_blocking and pinned memory -----
+
+def _sleep_device(where: str) -> None:
+    """test_cuda.py pushes a 0.1 s spin to the stream first (`torch.cuda._sleep`), so that a
+    copy that does not block finds the stream busy; the simulated GPU's copy of 4 MB keeps
+    its modeled stream busy past the host's next call already."""
+    if where == "cuda":
+        from torch.testing._internal.common_utils import get_cycles_per_ms
+        torch.cuda._sleep(int(100 * get_cycles_per_ms()))
+
+
+@pytest.mark.parametrize("dst, non_blocking", [("cuda", True), ("cuda", False),
+                                               ("cpu", True), ("cpu", False)])
+def test_to_non_blocking_as_test_cuda_asserts(dst, non_blocking, where):
+    """test_cuda.py::test_to_non_blocking: `a.to(device=dst, non_blocking=...)` from the other
+    side (pinned when it is the host) leaves the stream busy exactly when non_blocking
+    (`stream.query() == not non_blocking`), and its result is pinned exactly when
+    non_blocking to the host; so a sync copy is recorded exactly when not non_blocking."""
+    with memcpy_doctor.profiler(device=where) as prof:
+        stream = torch.cuda.current_stream()
+        src = torch.randn(1000000, device="cuda" if dst == "cpu" else "cpu",
+                          pin_memory=dst == "cuda")
+        torch.cuda.synchronize()
+        _sleep_device(where)
+        b = src.to(device=dst, non_blocking=non_blocking)  # the copy
+        idle = stream.query()
+        stream.synchronize()
+        pinned = b.is_pinned()
+        same = bool(torch.equal(src.cpu(), b.cpu()))
+    assert idle == (not non_blocking)
+    assert pinned == (non_blocking and dst == "cpu")
+    assert same
+    line = _line_of("# the copy")
+    copies = [c for c in prof.trace.copies if c.site and c.site.line == line]
+    assert [(c.direction, c.sync, c.calls) for c in copies] == [
+        ("HtoD" if dst == "cuda" else "DtoH", not non_blocking, 1)]
+
+
+def test_to_cpu_blocking_by_default_as_test_cuda_asserts(where):
+    """test_cuda.py::test_to_cpu_blocking_by_default: `.to(device="cpu")` waits for the stream
+    and gives pageable memory."""
+    with memcpy_doctor.profiler(device=where) as prof:
+        src = torch.randn(1000000, device="cuda")
+        torch.cuda.synchronize()
+        _sleep_device(where)
+        dst = src.to(device="cpu")  # blocking by default
+        idle = torch.cuda.current_stream().query()
+        pinned = dst.is_pinned()
+    assert idle and not pinned
+    [copy] = [c for c in prof.trace.copies if c.site.line == _line_of("# blocking by default")]
+    assert (copy.direction, copy.sync, copy.pinned) == ("DtoH", True, False)
+
+
+def test_copy_non_blocking_as_test_cuda_asserts(where):
+    """test_cuda.py::test_copy_non_blocking: `a.copy_(b, non_blocking=True)` between the device
+    and pinned memory, either way, does not wait (the test waits on an event recorded after
+    it before it compares): async copies, and the event's synchronize a host wait."""
+    with memcpy_doctor.profiler(device=where) as prof:
+        for a, b in ((torch.ones(10000000, dtype=torch.uint8).cuda(),
+                      torch.zeros(10000000, dtype=torch.uint8).pin_memory()),
+                     (torch.zeros(10000000, dtype=torch.uint8).pin_memory(),
+                      torch.ones(10000000, dtype=torch.uint8).cuda())):
+            event = torch.cuda.Event()
+            a.copy_(b, non_blocking=True)  # copy non_blocking
+            event.record()
+            event.synchronize()
+            assert torch.equal(a.cpu(), b.cpu())
+    line = _line_of("# copy non_blocking")
+    copies = sorted((c.direction, c.sync, c.pinned, c.calls) for c in prof.trace.copies
+                    if c.site.line == line)
+    assert copies == [("DtoH", False, True, 1), ("HtoD", False, True, 1)]
+    assert [(w.kind, w.calls) for w in prof.trace.waits
+            if w.site.line == line + 2] == [("event_synchronize", 2)]
+
+
+def _line_of(tag: str) -> int:
+    import pathlib
+    text = pathlib.Path(__file__).read_text().splitlines()
+    (hit,) = [i for i, s in enumerate(text, 1) if s.rstrip().endswith(tag)]
+    return hit

@@ -25,6 +25,7 @@ import torch
 import memcpy_doctor
 from helpers import concurrently
 from memcpy_doctor import load_trace
+from memcpy_doctor.analysis.compare import sync_sites as line_sites
 
 try:
     import transformers
@@ -204,3 +205,32 @@ def test_torchvision_detection_records_nms(tmp_path):
     nms = [c for c in trace.copies if c.trigger == "nms"]
     assert nms and all(c.direction == "DtoH" and c.sync for c in nms)
 
+
+
+def run_light(name: str, tmp_path: pathlib.Path):
+    """The program's trace under `memcpy-doctor profile --light` (the simulated GPU)."""
+    trace_path = tmp_path / "light.json"
+    done = subprocess.run([sys.executable, "-m", "memcpy_doctor", "profile", "--light",
+                           "--device", "sim", "-o", str(trace_path), str(PROGRAMS / name)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return load_trace(str(trace_path))
+
+
+@pytest.mark.thirdparty
+@pytest.mark.parametrize("name, needs", [
+    ("accel.py", ("accelerate",)), ("hf_trainer.py", ("transformers", "accelerate")),
+    ("lightning_gpu.py", ("lightning",)), ("tmetrics.py", ("torchmetrics",)),
+    ("compiled_hf.py", ("transformers",))])
+def test_light_and_full_report_the_same_sync_sites(name, needs, tmp_path):
+    """`profile --light` and `profile` find the same syncs at the same (line, thread,
+    direction), with the same calls, on each library program (issue 41; the samples are in
+    tests/test_light.py)."""
+    missing = [n for n in needs if not _importable(n)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    (_, full), light = concurrently(lambda: run_traced(name, tmp_path),
+                                    lambda: run_light(name, tmp_path))
+    assert light.meta.light and not full.meta.light
+    assert line_sites(light) == line_sites(full)
+    assert sum(line_sites(light).values()) > 0

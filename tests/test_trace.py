@@ -68,7 +68,7 @@ def test_non_blocking_round_trips_and_is_none_in_older_traces():
     data = json.loads(trace.to_json())
     assert [c["non_blocking"] for c in data["copies"]] == [True, False, None]
     assert data["transfers"][0]["non_blocking"] is True
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert Trace.from_dict(data) == trace
     for record in (*data["copies"], *data["transfers"]):
         del record["non_blocking"]
@@ -76,6 +76,27 @@ def test_non_blocking_round_trips_and_is_none_in_older_traces():
     assert [c.non_blocking for c in old.copies] == [None, None, None]
     assert old.transfers[0].non_blocking is None
     assert old.copies[0] == dataclasses.replace(trace.copies[0], non_blocking=None)
+
+
+def test_unknown_direction_round_trips_in_copies_only_and_version_2_loads():
+    """Schema version 3: a light trace's copy may have direction `unknown` (a sync whose call
+    does not say); a version 2 trace (all directions known) loads unchanged, and a logged
+    transfer, which the full tracer always knows, may not be `unknown`."""
+    trace = make_trace()
+    trace.copies[0].direction = "unknown"
+    data = json.loads(trace.to_json())
+    assert data["copies"][0]["direction"] == "unknown"
+    assert Trace.from_dict(data) == trace
+    old = json.loads(make_trace().to_json())
+    old["schema_version"] = 2
+    assert Trace.from_dict(old) == make_trace()
+    with_transfer = make_trace()
+    with_transfer.transfers = [TransferRecord(0, "HtoD", True, False, "to", 8, None, None,
+                                              None, None, None)]
+    old["transfers"] = json.loads(with_transfer.to_json())["transfers"]
+    old["transfers"][0]["direction"] = "unknown"
+    with pytest.raises(TraceError, match="direction"):
+        Trace.from_dict(old)
 
 
 @pytest.mark.parametrize("where", ["copies", "transfers"])
@@ -92,7 +113,7 @@ def test_load_non_blocking_that_is_not_a_bool(tmp_path, where):
 
 def test_json_layout():
     data = json.loads(make_trace().to_json())
-    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["schema_version"] == SCHEMA_VERSION == 3
     assert data["meta"] == {
         "device": "sim", "simulated": True, "device_name": "NVIDIA A100-SXM4-80GB",
         "device_profile": None, "torch_version": "2.13.0",

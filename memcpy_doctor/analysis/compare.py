@@ -95,14 +95,17 @@ def removed_copies(c: Comparison) -> list[PathChange]:
     return [p for p in c.sync_paths if p.after_calls < p.before_calls]
 
 
-def sync_sites(trace: Trace) -> dict[tuple[Site | None, str | None], int]:
-    """Calls of every host sync (a sync copy or a wait) per (site, thread), whatever kind the
-    trace gives it: what `profile --light` and the full tracer must agree on, since light
-    mode knows a sync's line but not always its direction or trigger."""
-    out: dict[tuple[Site | None, str | None], int] = {}
+def sync_sites(trace: Trace) -> dict[tuple[Site | None, str | None, str], int]:
+    """Calls of every host sync per (site, thread, direction), a wait's direction its kind
+    ("wait:synchronize"): what `profile --light` and the full tracer must agree on on the
+    simulated GPU, where light mode knows each sync's line and direction but not every
+    op's trigger (a real GPU's light mode may say a direction is unknown)."""
+    out: dict[tuple[Site | None, str | None, str], int] = {}
     for c in trace.copies:
         if c.sync:
-            out[(c.site, c.thread)] = out.get((c.site, c.thread), 0) + c.calls
+            key = (c.site, c.thread, c.direction)
+            out[key] = out.get(key, 0) + c.calls
     for w in trace.waits:
-        out[(w.site, w.thread)] = out.get((w.site, w.thread), 0) + w.calls
+        key = (w.site, w.thread, f"wait:{w.kind}")
+        out[key] = out.get(key, 0) + w.calls
     return out

@@ -1,7 +1,7 @@
 """Every default and constant the rest of the package shares, in one place."""
 
 #: Version of the saved trace format; bump on any incompatible change.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Where `memcpy-doctor profile` writes the trace when -o is not given (relative to the cwd).
 DEFAULT_TRACE_PATH = "memcpy_doctor_trace.json"
@@ -97,6 +97,9 @@ SYNC_DEBUG_WARNING = "called a synchronizing CUDA operation"
 #: The trigger of a sync that `profile --light` found by that warning (its direction and size
 #: unknown).
 LIGHT_SYNC_TRIGGER = "sync_debug"
+#: A copy's direction where the tracer cannot know it (a light-mode sync whose call does not
+#: say: `to`, `copy_`, a library's own C++ call); never a guess.
+UNKNOWN_DIRECTION = "unknown"
 
 #: Exit status for usage errors (click's own convention) and for an interrupted run.
 EXIT_USAGE = 2
@@ -135,7 +138,8 @@ NO_STACK_NOTE = ("call sites: the profile has no Python stacks; a torch.profiler
 
 #: The note of a trace of `profile --light` (tracer/light.py) that `explain` repeats: what a
 #: sync found by PyTorch's sync-debug warning does not say.
-LIGHT_SYNC_NOTE = ("light mode: a `sync_debug` copy is a sync found by its warning: its "
-                   "direction and size are not known (recorded as DtoH, 0 bytes) and it is "
-                   "not timed (PyTorch hands the warning to Python after the call that synced "
-                   "has returned; a backward pass's when the pass ends)")
+LIGHT_SYNC_NOTE = ("light mode: a sync found only by its warning (mask indexing, a library's "
+                   "read, a backward pass) is not timed (PyTorch hands the warning to Python "
+                   "after the call that synced has returned; a backward pass's when the pass "
+                   "ends) and its size is not known (0 bytes); its kind is the call at its "
+                   "frame, and its direction where that call says it, else `unknown`")

@@ -15,15 +15,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .compiled import CompileInfo
-from .defaults import SCHEMA_VERSION
+from .defaults import SCHEMA_VERSION, UNKNOWN_DIRECTION
 from .fields import a_bool, a_list, a_str, an_int, an_object, bad
 from .site import Site, TraceError
 from .timeline import (EVENT_KINDS, EventTimeline, timeline_from_dict, timeline_json,
                        timeline_to_dict)
 
 DIRECTIONS = ("HtoD", "DtoH", "DtoD")
+#: A copy record's directions: a light-mode sync may have none the tracer can know
+#: (schema_version 3 and later).
+COPY_DIRECTIONS = (*DIRECTIONS, UNKNOWN_DIRECTION)
 #: Paddle's names for the copy directions, used in Event Summary row names.
-PADDLE_DIRECTION = {"HtoD": "CPU->GPU", "DtoH": "GPU->CPU", "DtoD": "GPU->GPU"}
+PADDLE_DIRECTION = {"HtoD": "CPU->GPU", "DtoH": "GPU->CPU", "DtoD": "GPU->GPU",
+                    UNKNOWN_DIRECTION: "direction unknown"}
 
 
 def copy_event_name(direction: str, sync: bool) -> str:
@@ -451,8 +455,9 @@ def _wait(d: Any) -> WaitRecord:
 
 def _copy(d: Any) -> CopyRecord:
     d = an_object(d, "a copy")
-    if d.get("direction") not in DIRECTIONS:
-        raise TraceError(f"copy direction {d.get('direction')!r} is not one of {DIRECTIONS}")
+    if d.get("direction") not in COPY_DIRECTIONS:
+        raise TraceError(f"copy direction {d.get('direction')!r} is not one of "
+                         f"{COPY_DIRECTIONS}")
     pinned = d["pinned"]
     shape = d.get("shape")
     dtype = d.get("dtype")

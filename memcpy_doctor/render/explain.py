@@ -9,7 +9,7 @@ from typing import Any
 from ..analysis.attribution import Chain, End, Explanation, user_site
 from ..analysis.suggestion import REPLAYED, Suggestion
 from ..core.units import format_value
-from ..core.defaults import LIGHT_SYNC_TRIGGER
+from ..core.defaults import UNKNOWN_DIRECTION
 from ..core.trace import CopyRecord, Trace, TransferRecord
 from ..core.paths import format_site
 from .text import format_ref
@@ -37,8 +37,8 @@ def _end(label: str, end: End | None, cwd: str | None, none: str) -> str:
 def _chain_text(i: int, chain: Chain, cwd: str | None) -> list[str]:
     kind = " -> ".join(["host" if s.copy.direction == "HtoD" else "device" for s in chain.steps]
                        + ["device" if chain.steps[-1].copy.direction == "HtoD" else "host"])
-    if chain.steps[0].copy.trigger == LIGHT_SYNC_TRIGGER:  # (its direction is not known)
-        kind = "a sync found by sync-debug mode"
+    if chain.steps[0].copy.direction == UNKNOWN_DIRECTION:
+        kind = "a sync found by sync-debug mode, direction unknown"
     lines = [f"#{i}  {_ms(chain.time_ns)} ({chain.share:.2%} of total)  {kind}"]
     lines.append(_end("made by", chain.producer, cwd, "(no op: data from Python)"))
     for n, step in enumerate(chain.steps):

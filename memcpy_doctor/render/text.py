@@ -135,6 +135,21 @@ def _other_threads(trace: Trace) -> list[str]:
     return sorted(names)
 
 
+def _light_time_lines(trace: Trace) -> list[str]:
+    """A light trace's time figures: what it measured, the run's wall time and the host's
+    time in the syncs it timed, and how many it found only by their warning (untimed);
+    no computation/overhead split, which it cannot know."""
+    wall = trace.summary.total_ns
+    sync = [c for c in trace.copies if c.sync]
+    blocked = sum(c.host_ns for c in sync) + sum(w.wait_ns for w in trace.waits)
+    timed = sum(c.calls for c in sync if c.host_ns) + sum(w.calls for w in trace.waits)
+    untimed = sum(c.calls for c in sync if not c.host_ns)
+    return [f"Wall time: {_ms(wall)} (the whole run, measured)",
+            f"  Host blocked in syncs  Total: {_ms(blocked):<12}Ratio: {_pct(blocked, wall)}"
+            f"  ({timed} timed syncs and waits; {untimed} untimed: "
+            f"{'simulated' if trace.meta.simulated else 'found only by their warning'})"]
+
+
 def place(trace: Trace) -> str:
     m = trace.meta
     if m.light:
@@ -172,14 +187,13 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
                      "(events of all threads together)")
     if m.untraced:
         lines.append("Not traced: " + "; ".join(m.untraced))
-    lines += [
-        "",
+    lines += ["", *(_light_time_lines(trace) if m.light else [
         f"Total time: {_ms(total)}",
         f"  Computation time       Total: {_ms(s.computation_ns):<12}"
         f"Ratio: {_pct(s.computation_ns, total)}",
         f"  Framework overhead     Total: {_ms(s.overhead_ns):<12}"
         f"Ratio: {_pct(s.overhead_ns, total)}",
-    ]
+    ])]
     if s.peak_device_memory_bytes is not None:
         lines.append(f"Device memory peak: {_size(s.peak_device_memory_bytes)}")
     lines += [

@@ -33,6 +33,7 @@ from ..core.compiled import CompileInfo
 from ..core.torch_private import compile_hooks
 from ..core.trace import Meta, Trace
 from .sim import marks as _sim
+from .sim import streams as _streams
 from .chrome import ChromeLog
 from .collector import CopyEvent
 from .compiled import CompileWatch
@@ -149,8 +150,9 @@ class Tracer:
                 self._sim = sim
                 state = sim.main_state
                 handlers = self._handlers(state)
-                _sim._ACTIVE["sim"] = sim
-                stack.callback(_sim._ACTIVE.clear)
+                _streams._ACTIVE["sim"] = sim
+                stack.callback(_streams._ACTIVE.clear)
+                stack.callback(_streams.reset_streams)
                 autocast = stack.enter_context(cuda_autocast(sim))
                 sim_patch = Patch(
                     [(torch.cuda, k, v) for k, v in _sim.cuda_patches(sim, self.profile).items()]

@@ -4,12 +4,13 @@ The full tracer sees every op through a dispatch mode, which costs a Python call
 changes what runs (torch.compile's code, fast paths). Light mode asks PyTorch instead:
 `torch.cuda.set_sync_debug_mode("warn")` makes c10's `memcpy_and_sync` and
 `stream_synchronize` raise a warning at each sync (c10/cuda/CUDAFunctions.h), and a
-warnings filter of ours catches it, takes the user's stack there and counts it per site. The
-few syncs sync-debug mode does not flag are wrapped in Python (`torch.cuda.synchronize`,
-`Stream.synchronize`, `Event.synchronize`, and a copy with `non_blocking=True` between the
-device and pageable host memory, `copy_` either way or `.to()` / `.cuda()` to the device,
-which blocks all the same). No mode, no per-op hook: an op that does not sync runs exactly as
-without the tool.
+warnings filter of ours catches it, takes the user's stack there and counts it per site, with
+the kind and direction the call at its frame says (synccall.py). The host waits sync-debug
+mode does not flag (`torch.cuda.synchronize`, `Stream.synchronize`, `Event.synchronize`, a
+`non_blocking=True` copy between the device and pageable memory) and, on a real GPU, the
+syncs users make most (`.to()`, `.cuda()`, `copy_`, `.cpu()`, `.item()`, `.tolist()`,
+`bool`, `float`, `int`, `nonzero`) are wrapped in Python and timed (lightwraps.py). No mode,
+no per-op hook: an op that does not sync runs exactly as without the tool.
 
 The hook is the filter's message pattern: Python's warning machinery calls the `match` method
 of each filter's pattern in turn, and ours (first in the list, action "ignore") counts a sync
@@ -26,9 +27,9 @@ its warning is counted at the right line but cannot be timed: it is recorded wit
 wrapped calls are timed by the wall clock around them.
 
 On the simulated GPU (`--device sim`) the simulated device runs under its full tracer as
-always (it needs the modes to exist at all), raises the same warning at its sync points
-(SimDevice.synced), and this module records the run from the warnings alone; the full
-tracer's own records are dropped.
+always (it needs the modes to exist at all) and hands each copy to `sim_copy`, which records
+the sync ones with their direction, trigger and size; the simulated device's sync warnings are
+only kept off stderr, and the full tracer's own records are dropped.
 """
 
 from __future__ import annotations
@@ -44,16 +45,18 @@ import torch
 
 from ..core import __version__
 from ..core.costmodel import DeviceProfile, load_profile
-from ..core.defaults import (DEFAULT_DEVICE, LIGHT_SYNC_NOTE, LIGHT_SYNC_TRIGGER,
-                             SYNC_DEBUG_WARNING, TIMELINE_EVENTS)
+from ..core.defaults import (DEFAULT_DEVICE, LIGHT_SYNC_NOTE, SYNC_DEBUG_WARNING,
+                             TIMELINE_EVENTS)
 from ..core.summary import summarize
 from ..core.trace import Meta, Trace
 from . import Tracer, _active, check_device, register
 from .collector import Collector
 from .cuda import device_peaks, measured_peak
 from .events import EventRecord
+from .lightwraps import LightWrappers
 from .patches import Patch
 from .sites import SiteResolver
+from .synccall import sync_call
 
 _getframe = sys._getframe
 _get_ident = threading.get_ident
@@ -62,11 +65,11 @@ _get_ident = threading.get_ident
 #: tracer's (meta.untraced, shown under "Not traced" in the report).
 LIGHT_NOTES = (
     "light mode: syncs found by PyTorch's sync-debug mode and by wrapping "
-    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize, copy_, to and cuda "
-    "with non_blocking=True between the device and pageable memory, and (on a real GPU) "
-    "item, tolist, cpu, bool, float and int of a device tensor, each with its kind, size and "
-    "wall time; no ops recorded (no "
-    "per-op rows, producers or consumers; Computation time counts only the timed syncs)",
+    "torch.cuda.synchronize, Stream.synchronize, Event.synchronize and (on a real GPU) "
+    "to, cuda, copy_, cpu, item, tolist, bool, float, int and nonzero, each of those with "
+    "its kind, size and wall time; no ops recorded (no per-op rows, producers or "
+    "consumers); the time figures are the run's wall time and the host's time in the "
+    "timed syncs",
     LIGHT_SYNC_NOTE,
     "light mode does not see: the caching allocator's syncs (cudaFree when it releases "
     "cached memory, pinned host allocations), libraries that call CUDA directly (NCCL, "
@@ -77,11 +80,6 @@ LIGHT_NOTES = (
 SIM_NOTE = ("light mode on the simulated GPU: times are this machine's wall clock around "
             "the wrapped calls, not modeled; each sync copy is the simulated GPU's, with its "
             "direction, trigger and size, not a sync-debug warning's")
-
-
-#: The reads light mode wraps on a real GPU: (Tensor's attribute, the copy's trigger).
-READS = (("item", "item"), ("tolist", "tolist"), ("cpu", "cpu"), ("__bool__", "bool"),
-         ("__float__", "float"), ("__int__", "int"))
 
 
 def light_problem(device: str) -> str | None:
@@ -117,7 +115,7 @@ class _SyncWarnings:
         return True
 
 
-class LightHooks:
+class LightHooks(LightWrappers):
     """The warnings filter and the wrapped calls, recording into one event record (over its
     Collector) while entered; every filter and patch is undone on exit, also on error.
     Nothing here holds a tensor."""
@@ -149,10 +147,12 @@ class LightHooks:
         return site, stack, thread
 
     def sync(self, frame: Any) -> None:
-        """A sync that sync-debug mode reported, made by the code of `frame` or above it
-        (whether its call asked non_blocking is not known: None)."""
+        """A sync that sync-debug mode reported, made by the code of `frame` or above it:
+        its kind and direction as the call at `frame` says (synccall), its size and time
+        unknown (0), whether it asked non_blocking unknown (None)."""
+        trigger, direction = sync_call(frame)
         site, stack, thread = self._where(frame)
-        self.events.copy("DtoH", True, None, LIGHT_SYNC_TRIGGER, 0, 0, 0, site, stack, None,
+        self.events.copy(direction, True, None, trigger, 0, 0, 0, site, stack, None,
                          None, None, None, None, thread, perf_counter_ns() - self.start_ns)
 
     def wait(self, kind: str, ns: int, frame: Any) -> None:
@@ -160,12 +160,14 @@ class LightHooks:
         self.events.wait(kind, site, ns, thread, perf_counter_ns() - self.start_ns)
 
     def copy(self, src: torch.Tensor, ns: int, frame: Any, direction: str = "DtoH",
-             trigger: str = "copy_", non_blocking: bool = True) -> None:
-        """A copy the host waited for, made by a wrapped call: by default one with
-        non_blocking=True between the device and pageable host memory (into it, or from it
-        to the device, which the driver stages)."""
+             trigger: str = "copy_", non_blocking: bool = True, pinned: bool = False,
+             nbytes: int | None = None) -> None:
+        """A copy the host waited for, made by a wrapped call from or of `src` (`nbytes`: a
+        count it read, where not the tensor's own bytes): by default one with
+        non_blocking=True between the device and pageable host memory."""
         site, stack, thread = self._where(frame)
-        self.events.copy(direction, True, False, trigger, src.nbytes, ns, 0, site, stack,
+        self.events.copy(direction, True, pinned, trigger,
+                         src.nbytes if nbytes is None else nbytes, ns, 0, site, stack,
                          None, src, None, list(src.shape),
                          str(src.dtype).replace("torch.", ""), thread,
                          perf_counter_ns() - self.start_ns, non_blocking=non_blocking)
@@ -182,7 +184,7 @@ class LightHooks:
                              perf_counter_ns() - self.start_ns,
                              non_blocking=note.non_blocking)
 
-    # ----- the wrapped calls -----
+    # ----- the wrapped calls (lightwraps.LightWrappers) -----
     def timed_call(self, ident: int, call: Callable, args: tuple,
                    kwargs: dict) -> tuple[Any, int]:
         """`call(*args, **kwargs)` and its wall time, with the thread `ident` quiet while it
@@ -194,88 +196,6 @@ class LightHooks:
             return result, perf_counter_ns() - t0
         finally:
             self.quiet.discard(ident)
-
-    def timed(self, kind: str, original: Callable) -> Callable:
-        """`original` (a host wait), recorded with its wall time at its caller's site; a
-        sync warning inside it is its own, not counted again."""
-        quiet = self.quiet
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            ident = _get_ident()
-            if ident in quiet:
-                return original(*args, **kwargs)
-            result, ns = self.timed_call(ident, original, args, kwargs)
-            self.wait(kind, ns, _getframe(1))
-            return result
-
-        wrapper.__wrapped__ = original
-        return wrapper
-
-    def copy_wrapper(self, original: Callable) -> Callable:
-        """Tensor.copy_: a call with non_blocking=True between a device tensor and pageable
-        host memory is recorded (PyTorch's cudaMemcpyAsync returns only once such a copy is
-        done, or, to the device, staged; sync-debug mode does not flag it: Copy.cu); any
-        other call goes straight on."""
-        quiet = self.quiet
-
-        def copy_(dst: Any, *args: Any, **kwargs: Any) -> Any:
-            if not ((len(args) > 1 and args[1]) or (kwargs and kwargs.get("non_blocking"))):
-                return original(dst, *args, **kwargs)
-            src = args[0] if args else kwargs.get("src")
-            ident = _get_ident()
-            if ident in quiet or not isinstance(src, torch.Tensor):
-                return original(dst, *args, **kwargs)
-            if src.is_cuda and not dst.is_cuda and not dst.is_pinned():
-                direction = "DtoH"
-            elif dst.is_cuda and not src.is_cuda and not src.is_pinned():
-                direction = "HtoD"
-            else:
-                return original(dst, *args, **kwargs)
-            result, ns = self.timed_call(ident, original, (dst, *args), kwargs)
-            self.copy(src, ns, _getframe(1), direction)
-            return result
-
-        copy_.__wrapped__ = original
-        return copy_
-
-    def to_wrapper(self, original: Callable, trigger: str) -> Callable:
-        """Tensor.to or Tensor.cuda (`trigger`): a call with non_blocking=True that copies
-        pageable host memory to the device is recorded (cudaMemcpyAsync returns once the
-        driver has staged it, the host blocked meanwhile; sync-debug mode does not flag it);
-        any other call goes straight on, after a look at its arguments."""
-        quiet = self.quiet
-
-        def to(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if not (kwargs.get("non_blocking") or any(a is True for a in args)) or (
-                    _get_ident() in quiet or t.is_cuda or t.is_pinned()
-                    or not _to_device(trigger, args, kwargs)):
-                return original(t, *args, **kwargs)
-            result, ns = self.timed_call(_get_ident(), original, (t, *args), kwargs)
-            if result is not t and t.nbytes:  # (torch skips an empty tensor's copy)
-                self.copy(t, ns, _getframe(1), "HtoD", trigger)
-            return result
-
-        to.__wrapped__ = original
-        return to
-
-    def read_wrapper(self, original: Callable, trigger: str) -> Callable:
-        """A Python entry point that reads a tensor back to the host (`item`, `tolist`,
-        `cpu`, `bool`, `float`, `int`: `trigger`): on a device tensor, a DtoH sync copy of
-        its bytes, timed by the wall clock, its sync warning the call's own (so light mode
-        knows the direction, the kind and the size of the syncs users make most); any
-        other call goes straight on, after one look at `is_cuda`."""
-        quiet = self.quiet
-
-        def read(t: Any, *args: Any, **kwargs: Any) -> Any:
-            ident = _get_ident()
-            if not t.is_cuda or ident in quiet:
-                return original(t, *args, **kwargs)
-            result, ns = self.timed_call(ident, original, (t, *args), kwargs)
-            self.copy(t, ns, _getframe(1), "DtoH", trigger, non_blocking=False)
-            return result
-
-        read.__wrapped__ = original
-        return read
 
     def patches(self) -> list[tuple[Any, str, Any]]:
         """The calls wrapped, as they are now (the simulated GPU's, under --device sim)."""
@@ -289,8 +209,7 @@ class LightHooks:
                 *([] if self.sim else [
                     (torch.Tensor, "to", self.to_wrapper(torch.Tensor.to, "to")),
                     (torch.Tensor, "cuda", self.to_wrapper(torch.Tensor.cuda, "cuda")),
-                    *((torch.Tensor, name, self.read_wrapper(getattr(torch.Tensor, name), t))
-                      for name, t in READS)])]
+                    *self.read_patches()])]
 
     # ----- entering and leaving -----
     @staticmethod
@@ -326,25 +245,6 @@ class LightHooks:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
-
-
-def _to_device(trigger: str, args: tuple, kwargs: dict) -> bool:
-    """Whether a host tensor's `.cuda(...)` or `.to(...)` with these arguments is a copy to
-    the device with non_blocking=True: Tensor.to's forms are (device, dtype, non_blocking,
-    copy), (other, non_blocking, copy) and (dtype, non_blocking, copy), which stays put."""
-    if trigger == "cuda":
-        return bool(kwargs.get("non_blocking") or (len(args) > 1 and args[1]))
-    target = kwargs.get("device", args[0] if args else None)
-    if isinstance(target, torch.Tensor):
-        at = 1
-        to_cuda = bool(target.is_cuda)
-    elif isinstance(target, int) and not isinstance(target, bool):
-        at, to_cuda = 2, True  # a device ordinal is a GPU's
-    elif isinstance(target, (str, torch.device)):
-        at, to_cuda = 2, torch.device(target).type == "cuda"
-    else:
-        return False
-    return to_cuda and bool(kwargs.get("non_blocking", args[at] if len(args) > at else False))
 
 
 def filters_changed() -> None:

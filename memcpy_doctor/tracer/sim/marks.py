@@ -13,14 +13,15 @@ marks from inputs to outputs and raises the error a real GPU raises when an op m
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ...core.costmodel import DeviceProfile
 from ...core.defaults import PRINT_EDGEITEMS, PRINT_THRESHOLD
 from ..tensors import NO_STORAGE
+from .streams import (_DEFAULT_STREAM, SimEvent, SimStream, current_stream, set_stream,
+                      stream)
 
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -146,85 +147,6 @@ def printed_bytes(t: torch.Tensor) -> int:
     return n * t.element_size()
 
 
-class SimEvent:
-    """torch.cuda.Event on the simulated GPU: records the modeled device clock."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, external: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self._device_ns: int | None = None
-
-    def record(self, stream: Any = None) -> None:
-        sim = _ACTIVE.get("sim")
-        self._device_ns = sim.device_clock() if sim else 0
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        sim = _ACTIVE.get("sim")
-        if sim:
-            sim.host_wait("event_synchronize")
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def elapsed_time(self, end_event: SimEvent) -> float:
-        if self._device_ns is None or end_event._device_ns is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._device_ns - self._device_ns) / 1e6
-
-
-class SimStream(torch.Stream):
-    """torch.cuda.Stream on the simulated GPU: one in-order queue, like the default stream.
-    A torch.Stream (of the host) underneath, so that calls that parse a stream argument in
-    C++ (`Tensor.record_stream`) take it."""
-
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
-        return super().__new__(cls, device="cpu")
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.sim_priority = priority
-
-    @property
-    def device(self) -> torch.device:  # type: ignore[override]
-        return CUDA0
-
-    @property
-    def priority(self) -> int:  # type: ignore[override]
-        return self.sim_priority
-
-    def synchronize(self) -> None:
-        sim = _ACTIVE.get("sim")
-        if sim:
-            if sim.sync_debug:  # CUDAStream::synchronize is c10's stream_synchronize
-                sim.synced()
-            sim.host_wait("stream_synchronize")
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def record_event(self, event: SimEvent | None = None) -> SimEvent:
-        event = event or SimEvent()
-        event.record(self)
-        return event
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:
-        return False  # no CUDA graph capture on the simulated GPU
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SimStream)
-
-    def __hash__(self) -> int:
-        return 0
-
-
 class _SimDeviceCtx:
     """torch.cuda.device(...) on the simulated GPU (one device: cuda:0)."""
 
@@ -253,11 +175,6 @@ class _SimDeviceProperties:
                 f"multi_processor_count={self.multi_processor_count}) [simulated]")
 
 
-#: The simulated device in use, for the Stream and Event objects user code holds.
-_ACTIVE: dict[str, Any] = {}
-_DEFAULT_STREAM = SimStream()
-
-
 def _check_device(device: Any = None) -> None:
     d = normalize_device(device)
     if d is not None and (d.type != "cuda" or (d.index or 0) != 0):
@@ -279,9 +196,6 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
     """Replacements for torch.cuda's device queries, answered as one simulated GPU."""
     marks = sim.cuda_marks
 
-    @contextmanager
-    def stream(s: Any) -> Iterator[None]:
-        yield
 
     def memory_allocated(device: Any = None) -> int:
         return marks.allocated
@@ -318,12 +232,12 @@ def cuda_patches(sim: Any, profile: DeviceProfile) -> dict[str, Any]:
                                              profile.total_memory_bytes),
         "Stream": SimStream,
         "Event": SimEvent,
-        "current_stream": lambda device=None: _DEFAULT_STREAM,
+        "current_stream": current_stream,
         "set_device_index": _check_device,
         "set_device_idx": _check_device,
         "default_stream": lambda device=None: _DEFAULT_STREAM,
         "stream": stream,
-        "set_stream": lambda s: None,
+        "set_stream": set_stream,
         "device": _SimDeviceCtx,
         # what torch.cuda.device / device_of switch with (a CUDA build of torch without a
         # driver would fail there); the one device is always current
@@ -369,7 +283,7 @@ def accelerator_patches(sim: Any) -> dict[str, Any]:
         "device_count": lambda: 1,
         "current_device_index": lambda: 0,
         "current_device_idx": lambda: 0,
-        "current_stream": lambda device=None: _DEFAULT_STREAM,
+        "current_stream": current_stream,
         "set_device_index": _check_device,
         "set_device_idx": _check_device,
         "synchronize": lambda device=None: sim.host_wait("synchronize"),

@@ -35,6 +35,7 @@ from ..optable import DATA_FACTORIES, METADATA_CALLS
 from ..modes import DispatchMode
 from ..tensors import NO_KWARGS
 from . import marks as _marks
+from . import streams as _streams
 from .autocast import cuda_autocast
 from .device import SimDevice
 from .torchlib import serialization, torch_patches
@@ -132,8 +133,8 @@ class SessionSim:
     def _apply(self) -> None:
         sim, stack = self.sim, ExitStack()
         self._patches = stack
-        _marks._ACTIVE["sim"] = sim
-        stack.callback(_marks._ACTIVE.clear)
+        _streams._ACTIVE["sim"] = sim
+        stack.callback(_streams._ACTIVE.clear)
         autocast = stack.enter_context(cuda_autocast(sim))
         stack.enter_context(Patch(
             [(torch.cuda, k, v) for k, v in _marks.cuda_patches(sim, self.profile).items()]
