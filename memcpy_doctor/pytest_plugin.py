@@ -13,7 +13,9 @@
 A test is profiled when it carries one of the markers or asks for the fixture; only its body is
 (not its fixtures' setup or teardown: budgets count what the test itself does). After the body
 the budgets are checked with `analysis.gates.check` and a failure shows what `memcpy-doctor
-check` prints. The tracer is stopped after every body, also when it raised.
+check` prints. A profiled test whose body raced with a non_blocking copy (the host touched its
+memory before waiting for it: tracer/races.py) fails too, unless marked `allow_races`. The
+tracer is stopped after every body, also when it raised.
 
 Options (each also an ini option of the same name without the dashes, `memcpy_doctor_device
 = sim`; the command line wins): `--memcpy-doctor-device auto|cuda|sim` (`auto`, the default,
@@ -49,6 +51,9 @@ MARKERS = {
                      "fail when a gate metric exceeds its limit, e.g. sync_calls=0, "
                      "bytes_htod='1MiB', sync_time='2ms', memcpy_ratio='5%' (the metrics and "
                      "units of `memcpy-doctor check --max`)",
+    "allow_races": "allow_races: a profiled test passes although the host touched a "
+                   "non_blocking copy's memory before waiting for it (by default such a race "
+                   "fails it)",
 }
 
 _LIMITS = pytest.StashKey[dict]()
@@ -297,18 +302,26 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return
     idle = trace is not None and not device_used(trace)
     strict = idle and bool(setting(item.config, "memcpy_doctor_strict"))
+    raced = (trace is not None and bool(trace.races)
+             and item.get_closest_marker("allow_races") is None)
     if not limits:
-        _summarize(item, trace, limits, "FAILED" if strict else "none", idle)
+        _summarize(item, trace, limits, "FAILED" if strict or raced else "none", idle)
         checked = None
     else:
         from .analysis.gates import check
         root = str(item.config.rootpath)
         checked = check(trace, limits=limits, root=root)
-        passed = checked.passed and not strict
+        passed = checked.passed and not strict and not raced
         _summarize(item, trace, limits, "passed" if passed else "FAILED", idle)
     if checked is not None and not checked.passed:
         from .render.check import render_check_text
         _fail(outcome, render_check_text(checked, str(item.config.rootpath)))
+    elif raced:
+        from .render.check import race_message
+        _fail(outcome, "memcpy-doctor: the host touched a copy still in flight (mark the "
+                       "test allow_races to allow it):\n" + "\n".join(
+                           f"  {race_message(r, str(item.config.rootpath))}"
+                           for r in trace.races))
     elif strict:
         _fail(outcome, f"memcpy-doctor: {item.nodeid} {NO_DEVICE_OP} (--memcpy-doctor-strict)"
                        f"\n{_idle_hint(item.config)}")

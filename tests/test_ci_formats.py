@@ -111,7 +111,7 @@ def test_results_are_what_the_tests_assume():
         "copy_calls", "sync_calls", "sync_calls_htod", "sync_calls_dtoh"]
     assert [g.metric for g in r.gates if g.improved] == [
         "async_calls", "async_calls_dtoh", "bytes_dtoh", "bytes"]
-    assert len(r.gates) == 14
+    assert len(r.gates) == 15  # (every count and bytes metric, races included)
     assert [f.key for f in result_awkward_sites().findings] == [
         "odd,dir:x/100%\r\nb.py:7", "/opt/lib/ext.py:3", "<string>:1", "?", "train.py:42"]
 
@@ -157,7 +157,7 @@ def test_github_baseline_new_grown_and_improved():
         "1.907 MiB < baseline 3.815 MiB",
         "::notice title=memcpy-doctor::bytes (bytes copied, all directions) improved: "
         "1.911 MiB < baseline 3.819 MiB",
-        "memcpy-doctor check: FAILED (10 passed, 4 failed; simulated GPU)",
+        "memcpy-doctor check: FAILED (11 passed, 4 failed; simulated GPU)",
     ]
 
 
@@ -169,7 +169,7 @@ def test_github_improvements_only():
         "14 < baseline 24",
         "::notice title=memcpy-doctor::sync_calls_dtoh (DtoH copies the host waited for) "
         "improved: 10 < baseline 20",
-        "memcpy-doctor check: passed (14 passed, 0 failed; simulated GPU)",
+        "memcpy-doctor check: passed (15 passed, 0 failed; simulated GPU)",
     ]
 
 
@@ -425,14 +425,14 @@ def test_junit_limit():
 
 def test_junit_baseline():
     [suite] = junit(result_baseline())
-    assert _counts(suite) == {"tests": "14", "failures": "4", "errors": "0", "skipped": "0",
+    assert _counts(suite) == {"tests": "15", "failures": "4", "errors": "0", "skipped": "0",
                               "time": "0"}
     cases = suite.findall("testcase")
     assert {c.get("classname") for c in cases} == {"memcpy-doctor.gates"}
     assert [c.get("name") for c in cases] == [
         "copy_calls", "sync_calls", "async_calls", "sync_calls_htod", "async_calls_htod",
         "bytes_htod", "sync_calls_dtoh", "async_calls_dtoh", "bytes_dtoh", "sync_calls_dtod",
-        "async_calls_dtod", "bytes_dtod", "bytes", "wait_calls"]
+        "async_calls_dtod", "bytes_dtod", "bytes", "wait_calls", "races"]
     failures = {c.get("name"): c.find("failure").get("message")
                 for c in cases if c.find("failure") is not None}
     assert failures == {"copy_calls": "19 > baseline 12", "sync_calls": "14 > baseline 2",
@@ -444,7 +444,7 @@ def test_junit_baseline():
     assert cases[8].findtext("system-out") == (
         "bytes_dtoh = 1.907 MiB, baseline 3.815 MiB (improved)")
     assert suite.findtext("system-out") == (
-        "memcpy-doctor check: FAILED (10 passed, 4 failed; simulated GPU)")
+        "memcpy-doctor check: FAILED (11 passed, 4 failed; simulated GPU)")
 
 
 def test_junit_escapes_markup_and_replaces_characters_xml_forbids():

@@ -492,3 +492,37 @@ def test_in_a_subprocess(pytester):
     result.stdout.fnmatch_lines([f"  {name}:{line}: over DtoH sync copy `item`, 1 calls, 4 B*",
                                  "memcpy-doctor check: FAILED (0 passed, 1 failed; "
                                  "simulated GPU)"])
+
+
+# ----- races (issue 42) -----
+
+RACE = """
+import pytest
+import torch
+
+{mark}
+def test_race(memcpy_doctor_profile):
+    y = torch.arange(8.0, device="cuda") * 2
+    host = y.to("cpu", non_blocking=True)
+    assert host.sum() == 56.0
+"""
+
+
+def test_a_profiled_test_that_races_fails_at_the_access_line(pytester):
+    name = write_test(pytester, RACE.format(mark=""))
+    copy_line, access_line = (line_of(pytester, name, "non_blocking=True"),
+                              line_of(pytester, name, "host.sum()"))
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_race")
+    assert text.splitlines()[0].startswith("memcpy-doctor: the host touched a copy still in "
+                                           "flight")
+    assert (f"  race (read_before_copy_done): `aten::sum` at {name}:{access_line} reads the "
+            f"destination of the non_blocking DtoH copy `to` at {name}:{copy_line} before "
+            "anything waited for it (1 copy, 32 B); wait for the copy first (explain gives "
+            "the edit)") in text.splitlines()
+
+
+def test_allow_races_lets_it_pass(pytester):
+    write_test(pytester, RACE.format(mark="@pytest.mark.allow_races"))
+    run(pytester).assert_outcomes(passed=1)

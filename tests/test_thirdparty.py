@@ -225,12 +225,13 @@ def run_light(name: str, tmp_path: pathlib.Path):
 def test_light_and_full_report_the_same_sync_sites(name, needs, tmp_path):
     """`profile --light` and `profile` find the same syncs at the same (line, thread,
     direction), with the same calls, on each library program (issue 41; the samples are in
-    tests/test_light.py)."""
+    tests/test_light.py); and the full tracer finds no race there (issue 42)."""
     missing = [n for n in needs if not _importable(n)]
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     (_, full), light = concurrently(lambda: run_traced(name, tmp_path),
                                     lambda: run_light(name, tmp_path))
     assert light.meta.light and not full.meta.light
+    assert full.races == []  # (issue 42: no race in these programs)
     assert line_sites(light) == line_sites(full)
     assert sum(line_sites(light).values()) > 0

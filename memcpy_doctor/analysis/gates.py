@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..core.races import RaceRecord
 from ..core.trace import CopyRecord, Site, Trace
 from ..core.units import format_value, parse_bytes
 from .attribution import read_line, user_site
@@ -71,6 +72,8 @@ def _build_metrics() -> dict[str, Metric]:
         lambda trace, copies: sum(w.wait_ns for w in trace.waits))
     add("total_time", "time", "Total time of the run",
         lambda trace, copies: trace.summary.total_ns)
+    add("races", "count", "host accesses to a copy still in flight (copies raced)",
+        lambda trace, copies: sum(r.calls for r in trace.races))
     return {m.name: m for m in found}
 
 
@@ -178,6 +181,8 @@ class CheckResult:
     findings: list[PathFinding] = field(default_factory=list)
     simulated: bool = False
     allowed_paths: int = 0
+    #: the trace's races (core/races.py), each shown at its access's line by every format
+    races: list[RaceRecord] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -227,7 +232,7 @@ def check(trace: Trace, limits: dict[str, float] | None = None, baseline: Trace 
         g.reason = "; ".join(reasons)
         gates.append(g)
     result = CheckResult(gates, simulated=trace.meta.simulated,
-                         allowed_paths=len(trace.copies) - len(copies))
+                         allowed_paths=len(trace.copies) - len(copies), races=list(trace.races))
     result.findings = _findings(result, copies, base_copies, baseline is not None, root)
     return result
 

@@ -26,6 +26,7 @@ from .attribution import Explanation, user_site
 from .edits import LineChange, indent_of, keyword_added, lines_change
 from .expert_source import Source
 from .steady import per_step
+from .races import writes_before_ordered
 from .suggestion import ASYNC, Suggestion
 
 TRANSFER_METHODS = ("to", "cuda")
@@ -208,7 +209,8 @@ class PinnedNonBlocking:
                 advice.append(self._inside(c, user, profile_of(trace).launch_ns, cwd))
             else:
                 by_line.setdefault((c.site.file, c.site.line), []).append(c)
-        plans = [(copies, pin_plan(copies)) for copies in by_line.values()]
+        plans = [(copies, pin_plan(copies)) for copies in by_line.values()
+                 if not _would_race(trace, copies)]
         return [self._suggest(trace, group, plan, cwd)
                 for group, plan in _merge_plans(plans)] + advice
 
@@ -251,6 +253,13 @@ class PinnedNonBlocking:
                           diff=change[0] if change else None,
                           apply=change[1] if change else None,
                           exact=change is not None, effect=ASYNC, cost_ns=cost)
+
+
+def _would_race(trace: Trace, copies: list[CopyRecord]) -> bool:
+    """Whether making these copies non_blocking would make a race (analysis/races.py): a
+    source pinned already (a buffer the program reuses) that the host writes again before
+    anything waits for the copy, as its timeline shows. Such a copy keeps its wait."""
+    return any(c.pinned and writes_before_ordered(trace, c) for c in copies)
 
 
 def _each(c: CopyRecord) -> str:

@@ -191,6 +191,8 @@ def price(trace: Trace, suggestions: list[Suggestion], replay: Replay | None = N
     itself costs (`cost_ns`); a suggestion the timeline cannot price keeps its upper bound."""
     replay = replay or Replay(trace)
     for s in suggestions:
+        if not s.removes and not s.moved:  # (an edit that adds a wait: the rule's figure)
+            continue
         saved = None if replay.why_not else replay.saving([s])
         if saved is None:
             s.estimate = replay.why_not or (

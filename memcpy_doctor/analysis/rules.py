@@ -400,6 +400,7 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
 from .library_settings import LibrarySetting  # noqa: E402
 from .pinning import PinnedNonBlocking  # noqa: E402
 from .expert_rules import EXPERT_RULES  # noqa: E402
-register(LibrarySetting, PinnedNonBlocking)
+from .races import RaceFix  # noqa: E402
+register(LibrarySetting, PinnedNonBlocking, RaceFix)
 register(*EXPERT_RULES)
 

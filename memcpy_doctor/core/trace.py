@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .compiled import CompileInfo
+from .races import RaceRecord, race_from_dict
 from .defaults import SCHEMA_VERSION, UNKNOWN_DIRECTION
 from .fields import a_bool, a_list, a_str, an_int, an_object, bad
 from .site import Site, TraceError
@@ -219,6 +220,9 @@ class Trace:
     #: the run's first events in order (traces of schema_version 2 and later, from the
     #: tracer; None in older traces, light ones excepted, and in imported ones)
     timeline: EventTimeline | None = None
+    #: host accesses to a copy still in flight (core/races.py); none in traces written
+    #: before they were looked for, and in light and imported ones
+    races: list[RaceRecord] = field(default_factory=list)
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
@@ -250,6 +254,7 @@ class Trace:
             "waits": [asdict(w) for w in self.waits],
             "flows": [asdict(f) for f in self.flows],
             "transfers": [asdict(t) for t in self.transfers],
+            "races": [r.to_dict() for r in self.races],
             **({"compile": self.compile.to_dict()} if self.compile is not None else {}),
             **({"timeline": timeline_to_dict(self.timeline)} if self.timeline is not None
                else {}),
@@ -316,7 +321,9 @@ class Trace:
                         compile=(CompileInfo.from_dict(data["compile"])
                                  if data.get("compile") is not None else None),
                         timeline=(timeline_from_dict(data["timeline"])
-                                  if data.get("timeline") is not None else None))
+                                  if data.get("timeline") is not None else None),
+                        races=[race_from_dict(r, _site)
+                               for r in a_list(data.get("races", []), "races")])
             for event in trace.timeline.events if trace.timeline is not None else ():
                 if not 0 <= event.ref < len(getattr(trace, EVENT_KINDS[event.kind])):
                     raise bad(f"a {event.kind} event's ref", event.ref)

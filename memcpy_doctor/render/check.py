@@ -8,6 +8,7 @@ from typing import Any
 from ..analysis.attribution import user_site
 from ..analysis.gates import CheckResult, PathFinding
 from ..core.paths import format_site
+from ..core.races import READ_BEFORE_DONE, RaceRecord
 from ..core.units import format_value
 from .text import format_ref
 
@@ -30,6 +31,19 @@ def finding_message(f: PathFinding, cwd: str | None = None) -> str:
     return f"{_finding_line(f, cwd)}; from your code at {format_site(mine, cwd)}"
 
 
+def race_message(r: RaceRecord, cwd: str | None = None) -> str:
+    """One line naming a race: what the host did at the access's line to which copy, and
+    how often (used by every format and the report)."""
+    side = "destination" if r.direction == "DtoH" else "source"
+    did = "reads" if r.kind == READ_BEFORE_DONE else "writes"
+    copies = f"{r.calls} cop{'y' if r.calls == 1 else 'ies'}"
+    thread = f" [thread {r.thread}]" if r.thread is not None else ""
+    return (f"race ({r.kind}): `{r.op}` at {format_site(r.access_site, cwd)}{thread} {did} "
+            f"the {side} of the non_blocking {r.direction} copy `{r.trigger}` at "
+            f"{format_site(r.copy_site, cwd)} before anything waited for it ({copies}, "
+            f"{r.bytes} B); wait for the copy first (explain gives the edit)")
+
+
 def render_check_text(result: CheckResult, cwd: str | None = None) -> str:
     lines = []
     for g in result.gates:
@@ -44,6 +58,9 @@ def render_check_text(result: CheckResult, cwd: str | None = None) -> str:
     if result.findings:
         lines += ["", "Copy paths to fix:"]
         lines += [f"  {finding_message(f, cwd)}" for f in result.findings]
+    if result.races:
+        lines += ["", "Races (the host touched a copy still in flight):"]
+        lines += [f"  {race_message(r, cwd)}" for r in result.races]
     if result.allowed_paths:
         lines.append(f"\n{result.allowed_paths} allow-listed copy paths not counted")
     lines += ["", summary_line(result)]

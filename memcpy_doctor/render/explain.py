@@ -59,9 +59,10 @@ def _chain_text(i: int, chain: Chain, cwd: str | None) -> list[str]:
 
 def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
     calls = sum(c.calls for c in s.removes)
+    removes = (f"; removes {len(s.removes)} copy path{'s' if len(s.removes) != 1 else ''}, "
+               f"{calls} calls" if s.removes else "")
     lines = [f"{i}. {s.title}",
-             f"   {_saves(s)} ({_how(s)}; removes {len(s.removes)} copy "
-             f"path{'s' if len(s.removes) != 1 else ''}, {calls} calls)"
+             f"   {_saves(s)} ({_how(s)}{removes})"
              f"{'' if s.exact else ' [heuristic]'}",
              f"   {s.detail}"]
     if s.changes_results:

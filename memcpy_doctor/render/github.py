@@ -7,8 +7,9 @@ GitHub cannot place on a file of the diff (it still lists the annotation on the 
 no site, so a failed gate is an `::error` without a file, and an improvement a `::notice`. The
 last line is the same plain-text verdict the text format ends with.
 
-GitHub shows at most 10 error and 10 notice annotations per step; the copy paths come first
-because they are the ones that land on the diff.
+A race (the host touching a copy still in flight) is an `::error` at the line of the access.
+GitHub shows at most 10 error and 10 notice annotations per step; the copy paths and races come
+first because they are the ones that land on the diff.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 from ..analysis.attribution import user_site
 from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding, site_name
 from ..core.units import format_value
-from .check import finding_message, summary_line
+from ..core.races import RaceRecord
+from .check import finding_message, race_message, summary_line
 
 TITLE = "memcpy-doctor"
 
@@ -37,6 +39,14 @@ def finding_location(f: PathFinding, root: str) -> tuple[str, int] | None:
     slashes when it lies under it, else absolute; None without a site or for a pseudo-file
     ("<string>")."""
     site = user_site(f.copy) or f.copy.site
+    if site is None or site.file.startswith("<"):
+        return None
+    return site_name(site, root).rsplit(":", 1)[0], site.line
+
+
+def race_location(r: RaceRecord, root: str) -> tuple[str, int] | None:
+    """(path, line) of a race's access, as `finding_location` gives a copy's."""
+    site = r.access_site
     if site is None or site.file.startswith("<"):
         return None
     return site_name(site, root).rsplit(":", 1)[0], site.line
@@ -64,6 +74,10 @@ def render_github(result: CheckResult, root: str) -> str:
         loc = finding_location(f, root)
         where = {} if loc is None else {"file": loc[0], "line": loc[1]}
         lines.append(_command("error", finding_message(f, root), **where, title=TITLE))
+    for r in result.races:
+        loc = race_location(r, root)
+        where = {} if loc is None else {"file": loc[0], "line": loc[1]}
+        lines.append(_command("error", race_message(r, root), **where, title=TITLE))
     for g in result.gates:
         if not g.passed:
             lines.append(_command("error", gate_message(g), title=TITLE))

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 from ..analysis.gates import CheckResult, GateResult
 from ..core.units import format_value
-from .check import finding_message, summary_line
+from .check import finding_message, race_message, summary_line
 from .github import gate_message
 
 SUITE = "memcpy-doctor"
@@ -56,13 +56,16 @@ def junit_element(result: CheckResult, root: str) -> ET.Element:
     _el(props, "property", name="simulated", value=str(result.simulated).lower())
     _el(props, "property", name="allowed_paths", value=str(result.allowed_paths))
     paths = "".join(f"\n  {finding_message(f, root)}" for f in result.findings)
+    races = "".join(f"\n  {race_message(r, root)}" for r in result.races)
     for g in result.gates:
         case = _el(suite, "testcase", classname=CLASSNAME, name=g.metric, time="0")
         if not g.passed:
             text = gate_message(g) + (f"\n\nCopy paths to fix:{paths}" if paths else "")
+            if g.metric == "races":
+                text = gate_message(g) + f"\n\nRaces:{races}"
             _el(case, "failure", text + "\n", message=g.reason, type=FAILURE_TYPE)
         _el(case, "system-out", _gate_line(g))
-    _el(suite, "system-out", summary_line(result))
+    _el(suite, "system-out", summary_line(result) + (f"\nRaces:{races}" if races else ""))
     return suites
 
 

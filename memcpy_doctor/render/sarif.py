@@ -4,7 +4,8 @@ One run. Each copy path to fix is a result at its site, its URI relative to the 
 (`%SRCROOT%`, given in `originalUriBaseIds`). Its `partialFingerprints` hash the direction,
 trigger, relative path and function but not the line, so code scanning keeps tracking the same
 alert when the code above it moves. A failed gate is an "error" result and an improved one a
-"note"; rules are those the results name: one per finding status, one per gate metric.
+"note"; a race (the host touching a copy still in flight) is an "error" result at the line of
+the access; rules are those the results name: one per finding status, gate metric, race kind.
 
 GitHub rejects a whole upload when any result lacks a location, and a gate has no site, so
 results without one (gates; copies without a site or in a pseudo-file) are placed on line 1 of
@@ -23,8 +24,9 @@ from typing import Any
 
 from ..core import __version__
 from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding
-from .check import finding_message
-from .github import finding_location, gate_message, improvement_message
+from ..core.races import READ_BEFORE_DONE, RaceRecord
+from .check import finding_message, race_message
+from .github import finding_location, gate_message, improvement_message, race_location
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
@@ -35,6 +37,7 @@ SRCROOT = "%SRCROOT%"
 #: partialFingerprints key; bump the version if what the hash covers changes.
 FINGERPRINT_KEY = "memcpyDoctorCopyPath/v1"
 GATE_FINGERPRINT_KEY = "memcpyDoctorGate/v1"
+RACE_FINGERPRINT_KEY = "memcpyDoctorRace/v1"
 
 _HOW_TO_FIX = (
     "Run `memcpy-doctor explain` on the trace: it follows the copy from the op that made the "
@@ -120,13 +123,48 @@ def _relative_uri(path: str) -> str:
 
 
 def _finding_location(f: PathFinding, root: str, anchor) -> dict[str, Any]:
-    loc = finding_location(f, root)
+    return _at(finding_location(f, root), anchor)
+
+
+def _at(loc: tuple[str, int] | None, anchor) -> dict[str, Any]:
     if loc is None:
         return anchor()
     path, line = loc
     if os.path.isabs(path):
         return _location(pathlib.Path(path).as_uri(), line, base=False)
     return _location(_relative_uri(path), line, base=True)
+
+
+def race_rule_id(kind: str) -> str:
+    return f"{TOOL_NAME}/race/{kind}"
+
+
+def _race_rule(kind: str) -> dict[str, Any]:
+    reads = kind == READ_BEFORE_DONE
+    short = ("The host read a device-to-host copy's destination before waiting for it" if reads
+             else "The host wrote the host side of a copy still in flight")
+    meaning = ("A copy with non_blocking=True returns before it is done. Until the host "
+               "waits for it (a synchronize of its stream or device, an event recorded after "
+               "it, or a sync on its stream such as .item()), its host memory holds "
+               + ("whatever was there before: this read may see old or partial data."
+                  if reads else "data the copy is still using: this write may reach the "
+                  "device, or be overwritten, or mix with the copy's."))
+    return {"id": race_rule_id(kind), "name": "ReadBeforeCopyDone" if reads else
+            "WriteDuringCopy", "shortDescription": _text(short),
+            "fullDescription": _text(meaning),
+            "help": _text(f"{meaning}\n\nRun `memcpy-doctor explain` on the trace: it gives "
+                          "the edit that waits for the copy before the access."),
+            "defaultConfiguration": {"level": "error"},
+            "properties": {"tags": ["correctness", "gpu"]}}
+
+
+def race_fingerprint(r: RaceRecord, root: str) -> str:
+    """Stable across line moves: the kind, and each end's path and function."""
+    parts = [r.kind]
+    for site in (r.copy_site, r.access_site):
+        loc = race_location(RaceRecord(r.kind, None, "", "", 0, site, "", 0), root)
+        parts += [loc[0] if loc else "?", site.function if site is not None else ""]
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _root_uri(root: str) -> str:
@@ -167,6 +205,16 @@ def sarif_dict(result: CheckResult, root: str, anchor: str = "pyproject.toml") -
             "locations": [_finding_location(f, root, anchor_loc)],
             "partialFingerprints": {FINGERPRINT_KEY: path_fingerprint(f, root)},
             "properties": props,
+        })
+    for r in result.races:
+        results.append({
+            **rule(race_rule_id(r.kind), lambda: _race_rule(r.kind)),
+            "level": "error",
+            "message": _text(race_message(r, root)),
+            "locations": [_at(race_location(r, root), anchor_loc)],
+            "partialFingerprints": {RACE_FINGERPRINT_KEY: race_fingerprint(r, root)},
+            "properties": {"kind": r.kind, "direction": r.direction, "op": r.op,
+                           "calls": r.calls, "bytes": r.bytes},
         })
     # failures first, then improvements, as the other formats list them
     for g in [g for g in result.gates if not g.passed] + [g for g in result.gates if g.improved]:

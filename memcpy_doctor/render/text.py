@@ -6,6 +6,7 @@ from ..analysis.steady import StepSplit, estimate_steps, split_sync
 from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..analysis.attribution import user_site
 from ..core.paths import format_site
+from ..core.races import RaceRecord
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
 from .compiled import compile_lines
 
@@ -94,6 +95,18 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
     if len(sync) > REPORT_SYNC_SITES:
         table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"
     return table
+
+
+def _race_table(races: list[RaceRecord], cwd: str | None) -> str:
+    """The host's accesses to a copy still in flight: kind, the copy's line, the access's
+    line and op, calls (copies raced)."""
+    rows = [[r.kind, f"{r.direction} {r.trigger} {format_site(r.copy_site, cwd)}",
+             f"{r.op} {format_site(r.access_site, cwd)}"
+             + (f" [thread {r.thread}]" if r.thread is not None else ""), str(r.calls)]
+            for r in races]
+    return (plain_table(rows, ["Race", "Copy (non_blocking)", "Access", "Calls"])
+            + "\nThe host touched the host side of a copy before anything waited for it "
+            "(memcpy-doctor explain gives the edit).")
 
 
 def _size(nbytes: int) -> str:
@@ -208,6 +221,8 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     lines += _pageable_non_blocking_line(trace.copies)
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
               "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
+    if trace.races:
+        lines += [_banner("Races"), "", _race_table(trace.races, cwd), ""]
     if trace.compile is not None:
         steps = split.steps or estimate_steps(trace)
         lines += [_banner("Graph breaks"), "",

@@ -40,6 +40,7 @@ from .compiled import CompileWatch
 from .context import UNRESOLVED, RunRecords, ThreadContext
 from .cuda import device_peaks, measured_peak, wait_patches
 from .cuda_hooks import SyncHooks
+from .cuda_races import RaceHooks
 from .cuda_timer import CudaTimer
 from .perop import recorder
 from .modes import DispatchMode, FunctionMode, common_handlers, real_gpu_handlers
@@ -169,6 +170,7 @@ class Tracer:
                 handlers = self._handlers(state)
                 stack.enter_context(Patch(wait_patches(self._state_here)))
                 stack.enter_context(SyncHooks(self._waiting_state))  # inside C++ code
+                stack.enter_context(RaceHooks(state.run.races))  # what orders a copy
                 self._peaks_before = device_peaks()
             self._state = state
             self._subscribe(state.events)
@@ -350,7 +352,8 @@ class Tracer:
         return Trace(meta=meta, summary=summarize(total, events, copies, peak), events=events,
                      ops=ops, copies=copies, waits=waits, flows=col.flow_records(),
                      transfers=transfers, compile=self._compile_info(copies),
-                     timeline=state.events.timeline(ops, copies, waits))
+                     timeline=state.events.timeline(ops, copies, waits),
+                     races=state.run.races.records())
 
 
 def _counted(compile_: Callable, count: list[int]) -> Callable:

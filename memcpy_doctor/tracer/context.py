@@ -28,6 +28,8 @@ from ..core.torch_private import ENGINE_RUN_BACKWARD
 from .collector import Collector, PendingCopy
 from .cuda_hooks import GpuWaits
 from .events import EventRecord
+from .races import RaceChecker
+from .sim.streams import current_stream_key
 from .sites import SiteResolver
 
 Tensor = torch.Tensor
@@ -56,10 +58,19 @@ class RunRecords:
         self.start_ns = perf_counter_ns()  # the run's start (Tracer.start sets it again)
         self.stream_id: Callable[[], int | None] = (
             (lambda: 0) if sim is not None else _current_stream_id)
+        #: host accesses to a copy still in flight (tracer/races.py), by the streams the
+        #: program names: the simulated GPU's, or CUDA's handles
+        self.races = RaceChecker(current_stream_key if sim is not None else _cuda_stream)
 
     def context(self, thread: str | None = None) -> ThreadContext:
         """A new context for the tracing thread (`thread` None) or another one, by name."""
         return ThreadContext(self, thread)
+
+
+def _cuda_stream() -> int:
+    """The current CUDA stream's handle, as CUDA's callbacks name it (0: the default; also
+    where torch sees no GPU, as a test's fake of one)."""
+    return torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() else 0
 
 
 def _current_stream_id() -> int | None:
@@ -197,6 +208,9 @@ class ThreadContext:
         span ends there)."""
         stack, end_col = self.sites.stack_at(site)
         events, timeline = self.events, self.timeline
+        if direction != "DtoD":
+            self._order(direction, sync, pinned, non_blocking, src, dst, site, nbytes,
+                        trigger)
         return events.copy(
             direction, sync, pinned, trigger, nbytes, host_ns, device_ns, site, stack,
             self.collector.producer_of(src) if src is not None else None, src, dst,
@@ -205,6 +219,21 @@ class ThreadContext:
             device_end=timeline.device_ns if timeline is not None else None,
             stream=self.run.stream_id() if events.room else None, into_existing=into_existing,
             non_blocking=non_blocking)
+
+    def _order(self, direction: str, sync: bool, pinned: bool | None, non_blocking: bool,
+               src: Tensor | None, dst: Tensor | None, site: Any, nbytes: int,
+               trigger: str) -> None:
+        """What a copy between host and device tells the race checker: an async one (from
+        or into pinned memory) is in flight on the current stream until ordered; a sync one
+        orders the stream, as the host waited for it to drain (not a host->device copy from
+        pageable memory with non_blocking: the host waits for the staging alone)."""
+        races = self.run.races
+        if not sync:
+            host = dst if direction == "DtoH" else src
+            if pinned and host is not None:
+                races.copy(direction, host, site, nbytes, trigger)
+        elif not (non_blocking and direction == "HtoD"):
+            races.synced_stream()
 
     def sync_copy(self, direction: str, trigger: str, nbytes: int, src: Tensor, site: Any,
                   measured_ns: int) -> None:
@@ -242,4 +271,6 @@ class ThreadContext:
             measured_ns = self.timeline.drain(self.profile.sync_ns)
         if site is UNRESOLVED:
             site = self.here()
+        if kind == "synchronize":  # (a stream's or an event's: their own objects tell)
+            self.run.races.synced_device()
         self.events.wait(kind, site, measured_ns, self.thread, self.clock_ns())

@@ -61,6 +61,11 @@ class DispatchMode(TorchDispatchMode):
         raise AssertionError("replaced on each instance by its thread's dispatcher")
 
 
+#: Python-level calls that read a host tensor's data with no aten op (the race checker's).
+HOST_READ_CALLS = {torch.Tensor.tolist: "tolist", torch.Tensor.numpy: "numpy",
+                   torch.Tensor.__array__: "numpy", torch.Tensor.__repr__: "print",
+                   torch.Tensor.__format__: "format"}
+
 #: What the function mode does with a Python-level call, decided once per callable.
 #: _BUILTIN is a plain call into C++ (torch.mm, Tensor.add): no Python runs inside it, so
 #: every op it dispatches has the call site of the call, found once here rather than by a
@@ -89,7 +94,7 @@ class FunctionMode(TorchFunctionMode):
         handler = self._handler()
         self.__torch_function__ = types.MethodType(handler, self)
         for code in (handler.__code__, FunctionMode._plain.__code__,
-                     FunctionMode._kind.__code__):  # run as they are when called, never
+                     FunctionMode._kind.__code__, FunctionMode._triggered.__code__):  # run as they are when called, never
             dynamo_skip_frame(code)  # compiled (_kind: before the eval-frame switch)
 
     def _kind(self, func: Any) -> int:
@@ -114,9 +119,10 @@ class FunctionMode(TorchFunctionMode):
     def _handler(self) -> Callable[..., Any]:
         """The mode's `__torch_function__`, with what stays fixed for the run bound once."""
         state, kinds, handlers, factory = self.state, self.kinds, self.handlers, self.factory
-        kind_of, plain = self._kind, self._plain
+        kind_of, plain, triggered = self._kind, self._plain, self._triggered
         sim = factory is not None
         codes, resolve_from = state.sites.codes, state.sites.resolve_from
+        races, inflight = state.run.races, state.run.races.inflight  # (empty: none in flight)
 
         def __torch_function__(mode: Any, func: Any, types: Any, args: tuple = (),
                                kwargs: dict | None = None) -> Any:
@@ -137,6 +143,9 @@ class FunctionMode(TorchFunctionMode):
             # graph-break code, Dynamo would compile this handler and those it calls)
             prior = set_eval_frame(None)
             try:
+                if inflight and func in HOST_READ_CALLS and args:  # a read no op makes
+                    races.read(HOST_READ_CALLS[func], args[0], resolve_from(_getframe(1)),
+                               state.thread)
                 if kind == _HANDLED:
                     return handlers[func](func, args, kwargs)
                 if sim and kwargs and ("device" in kwargs or kwargs.get("pin_memory")):
@@ -169,21 +178,7 @@ class FunctionMode(TorchFunctionMode):
                         # under torch.set_default_device("cuda") torch builds these on the device
                         return factory(func, args, {**kwargs, "device": torch.device("cuda", 0)})
                     state.sim.read_factory_data(func, args, kwargs)
-                trigger = TRIGGERS.get(func)
-                prev, prev_call = state.trigger, state.call_args
-                prev_backward, prev_site = state.backward_site, state.call_site
-                if trigger is not None:
-                    state.trigger = trigger
-                    if trigger == "backward":
-                        state.backward_site = resolve_from(_getframe(1))
-                    elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(): as _BUILTIN
-                        state.call_site = resolve_from(_getframe(1))
-                state.call_args = (args, kwargs)
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    state.trigger, state.call_args = prev, prev_call
-                    state.backward_site, state.call_site = prev_backward, prev_site
+                return triggered(func, args, kwargs, _getframe(1))
             finally:
                 if prior is not None:
                     set_eval_frame(prior)
@@ -195,6 +190,27 @@ class FunctionMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         raise AssertionError("replaced on each instance by `_handler`")
+
+    def _triggered(self, func: Any, args: tuple, kwargs: dict, caller: Any) -> Any:
+        """A call that may copy (`t.item()`, `.to("cuda")`, `backward()`: TRIGGERS names
+        its copies) or any other the handler does not take itself, made from `caller`."""
+        state, resolve_from = self.state, self.state.sites.resolve_from
+        trigger = TRIGGERS.get(func)
+        prev, prev_call = state.trigger, state.call_args
+        prev_backward, prev_site = state.backward_site, state.call_site
+        if trigger is not None:
+            state.trigger = trigger
+            if trigger == "backward":
+                state.backward_site = resolve_from(caller)
+            elif isinstance(func, _C_CALLABLES):  # t.item(), torch.tensor(): as _BUILTIN
+                state.call_site = resolve_from(caller)
+        del caller
+        state.call_args = (args, kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            state.trigger, state.call_args = prev, prev_call
+            state.backward_site, state.call_site = prev_backward, prev_site
 
     def _plain(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A call into a torch function written in Python; its frame is a boundary (see

@@ -19,7 +19,8 @@ GPU an op costs one Python call beyond the op itself (the second closure):
   (on the simulated GPU modeled, host side included: docs/sim-time.md; on a real GPU the
   host's measured time and CUDA events), the op's event in the run's ordered record while
   it has room (tracer/events.py: past its bound, one comparison), and the host waits the op
-  makes when it reads device data (tracer/opreads.py).
+  makes when it reads device data (tracer/opreads.py). A host op made while an async copy
+  is in flight is shown to the race checker (tracer/races.py: one truth test otherwise).
 
 The guard: torch wraps a dispatch mode's `__torch_dispatch__` in torch._dynamo.disable (about
 a microsecond an op); the mode opts out (modes.DispatchMode) and `dispatch` does the same job
@@ -181,6 +182,13 @@ def _unrecorded(*args: Any) -> None:
     """The record step of a path that records nothing (SessionSim's)."""
 
 
+def _flops(info: Any, args: tuple, kwargs: dict, outs: Any) -> int:
+    try:
+        return info.flops(args, kwargs, outs)
+    except Exception:  # a formula that does not fit these arguments
+        return 0
+
+
 def recorder(ctx: ThreadContext) -> Callable[..., Any]:
     """The per-op path's last steps: `record(...)` records an op (on a real GPU `host_ns` is
     measured, `waited_ns` a wait inside it); returns its aggregate (None: a copy, `item()`)."""
@@ -188,11 +196,14 @@ def recorder(ctx: ThreadContext) -> Callable[..., Any]:
     launch_ns, kernel_ns, host_cost = profile.launch_ns, profile.kernel_ns, profile.host_ns
     col, fold_at, events = ctx.collector, OpAgg.FOLD_AT, ctx.events
     ops, producers, pending = col.ops, col.producers, col.pending
+    races, inflight = ctx.run.races, ctx.run.races.inflight  # (empty: no copy in flight)
 
     def record(info: Any, args: tuple, kwargs: dict, ins: Any, out: Any, outs: Any,
                dev_in: Any, any_dev: bool, device: str, site: Any, host_ns: int,
                waited_ns: int = 0) -> Any:
         agg = None
+        if inflight and device == "cpu" and (info.kernel or info.sync is not None):
+            races.access(info.name, info.short, ins, site, thread)  # (a copy's memory?)
         copy_is_op = any_dev and info.sync is not None and not info.kernel and dev_in[0]
         if not copy_is_op:
             # 6. the aggregate, and the bytes read and written with the op graph's edges
@@ -201,10 +212,7 @@ def recorder(ctx: ThreadContext) -> Callable[..., Any]:
             if agg is None:
                 agg = col.new_op(key, info.name, device, site, launch_ns)
             kernel = info.kernel
-            try:
-                flops = info.flops(args, kwargs, outs) if kernel and info.flops is not None else 0
-            except Exception:  # a formula that does not fit these arguments
-                flops = 0
+            flops = _flops(info, args, kwargs, outs) if kernel and info.flops is not None else 0
             nbytes = producers.read(ins, agg.flows_in, kernel)
             if pending:  # copies awaiting their first reader: is it this op?
                 for t in ins:
