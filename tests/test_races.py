@@ -375,3 +375,16 @@ def test_a_freed_host_storage_is_forgotten_so_its_address_can_be_reused():
     del host
     gc.collect()
     assert alive() is None and checker.inflight == {}
+
+
+def test_verify_judges_a_race_fix_by_the_races_it_removes():
+    """`explain --verify`: a race's fix is verified when the copies raced fall, though the
+    wait it adds costs time; any other edit that makes a race is worse."""
+    from memcpy_doctor.run.verify import Verified
+
+    fix = Verified((0, 3), (100, 120), races=(8, 5), fixes_race=True)
+    assert fix.helped and not fix.worse and fix.outcome == "verified"
+    assert Verified((0, 0), (100, 90), races=(1, 1), fixes_race=True).worse
+    faster_but_racy = Verified((4, 2), (100, 90), races=(0, 1))
+    assert faster_but_racy.worse and not faster_but_racy.helped
+    assert Verified((4, 2), (100, 90)).helped

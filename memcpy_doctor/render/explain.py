@@ -133,7 +133,9 @@ def _verified(v: Any) -> str:
         return f"{v.outcome} in a re-run with the edit"
     (calls_b, calls_a), (total_b, total_a) = v.sync_calls, v.total_ns
     total = f"total {_ms(total_b)} -> {_ms(total_a)}"
-    if v.helped:
+    if v.races != (0, 0):
+        total += f", copies raced {v.races[0]} -> {v.races[1]}"
+    if v.helped and not v.fixes_race:
         total = f"saves {_ms(v.saving_ns)} ({total})"
     return (f"{v.outcome} by a re-run with the edit: sync calls {calls_b} -> {calls_a}, "
             f"{total}{f'; {v.note}' if v.note else ''}")

@@ -11,7 +11,8 @@ printed lines vary from run to run (a wall-clock time, an address, a random seed
 lines are not compared (`first_difference`).
 
 A suggestion is "verified" when the sync calls and the total both fell: it stays in the
-list. It "did not help" when neither got worse but one of them did not fall: it moves to
+list. A race's fix (analysis/races.py) is verified when the copies raced fell, whatever the
+wait it adds costs; any other edit that makes a race is worse. It "did not help" when neither got worse but one of them did not fall: it moves to
 `tried`, with its figures. It is dropped when either got worse, when the edited program
 ended otherwise (an error: the edit broke it, or another exit status), or when it printed
 something else, unless the suggestion says it changes the results by design
@@ -30,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..analysis.attribution import Explanation, explain
+from ..analysis.races import RaceFix
 from ..analysis.replay import joint_saving
 from ..analysis.rules import suggest
 from ..analysis.suggestion import Suggestion
@@ -91,6 +93,10 @@ class Verified:
     ended: tuple[str, str] = ("completed, exit status 0", "completed, exit status 0")
     output: OutputChange | None = None
     changes_results: bool = False
+    #: copies raced, before and after; `fixes_race`: the suggestion is a race's fix, judged
+    #: by the races it removes (it adds a wait: its time is its cost, not a regression)
+    races: tuple[int, int] = (0, 0)
+    fixes_race: bool = False
 
     @property
     def saving_ns(self) -> int:
@@ -114,11 +120,15 @@ class Verified:
 
     @property
     def worse(self) -> bool:
+        if self.fixes_race:
+            return self.rejected or self.races[1] >= self.races[0]
         return (self.rejected or self.sync_calls[1] > self.sync_calls[0]
-                or self.total_ns[1] > self.total_ns[0])
+                or self.total_ns[1] > self.total_ns[0] or self.races[1] > self.races[0])
 
     @property
     def helped(self) -> bool:
+        if self.fixes_race:
+            return not self.worse
         return (not self.worse and self.sync_calls[1] < self.sync_calls[0]
                 and self.total_ns[1] < self.total_ns[0])
 
@@ -175,10 +185,15 @@ def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
                                   (before.summary.total_ns, after.summary.total_ns),
                                   (_ending(before), _ending(after)),
                                   first_difference(printed, again, edited),
-                                  s.changes_results)
+                                  s.changes_results, (_raced(before), _raced(after)),
+                                  s.rule == RaceFix.name)
             (kept if s.verified.helped else dropped if s.verified.worse else tried).append(s)
     explanation.together = joint_saving(before, kept)  # (what is left, replayed together)
     return Verification(before, explanation, kept, tried, dropped, aside)
+
+
+def _raced(trace: Trace) -> int:
+    return sum(r.calls for r in trace.races)
 
 
 def _ending(trace: Trace) -> str:
