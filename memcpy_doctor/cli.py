@@ -308,6 +308,9 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
             if execution_traces:
                 raise UsageProblem("--execution-trace goes with torch.profiler TRACES, not "
                                    "--verify (which profiles SCRIPT itself)")
+            if verify_script.endswith((".json", ".json.gz")):
+                raise UsageProblem(f"--verify {verify_script}: give the program to run "
+                                   "(explain --verify train.py), not a trace")
             from .render.explain import render_verification
             checked = verify(verify_script, list(traces), device, cwd)
             click.echo(render_verification(checked.explanation, checked.kept, checked.tried,

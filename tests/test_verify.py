@@ -192,3 +192,15 @@ def test_an_edit_that_did_not_help_is_listed_as_tried(tmp_path):
     assert tried["verify"]["verdict"] == "did not help"
     assert tried["verify"]["sync_calls"] == [10, 10]
     assert tried["verify"]["output"] is None
+
+
+def test_verify_given_a_trace_says_it_wants_the_program(tmp_path):
+    """`explain --verify t.json` would run the trace as Python (a dict literal runs): one line
+    and exit 2 instead."""
+    from helpers import cli_in_process
+
+    (tmp_path / "t.json").write_text("{}")
+    done = cli_in_process("explain", "--verify", "t.json", cwd=tmp_path)
+    assert done.status == 2
+    assert done.err == ("memcpy-doctor: error: --verify t.json: give the program to run "
+                        "(explain --verify train.py), not a trace\n")
