@@ -74,10 +74,12 @@ def test_copies_waits_and_events_map_exactly():
     assert (t.summary.memcpy_sync.calls, t.summary.memcpy_async.calls) == (2, 1)
 
 
-def test_a_trace_without_stream_syncs_counts_only_scalar_reads_as_waited_for():
+def test_a_trace_without_stream_syncs_counts_scalar_reads_and_pageable_copies_as_waited_for():
+    """Without stream syncs to pair: a scalar read waited; so did a copy from pageable memory
+    (cudaMemcpyAsync returns once the driver has staged it: issue 43); the pinned one not."""
     t = from_kineto(kineto_trace(sync=False), "k.json")
-    assert sorted((c.trigger, c.sync) for c in t.copies) == [
-        ("copy_", False), ("item", True), ("to", False)]
+    assert sorted((c.trigger, c.sync, c.pinned) for c in t.copies) == [
+        ("copy_", False, True), ("item", True, False), ("to", True, False)]
     assert any("no stream syncs" in u for u in t.meta.untraced)
 
 
@@ -165,6 +167,19 @@ def test_the_real_traces_copies_are_their_own_memcpy_events(name):
                 and e.get("name") == "cudaStreamSynchronize")
     if name == "a100_alexnet":  # 16 pageable uploads, each followed by its stream sync
         assert t.summary.memcpy_sync.calls == 16 and syncs >= 16
+    # (issue 43) a copy into or from pageable memory made the host wait, whatever call made
+    # it: none is async
+    pageable = [c for c in t.copies if c.pinned is False]
+    assert pageable and all(c.sync for c in pageable)
+    # each HostWait row has the shortest and longest of its calls, as the raw events do
+    for kind, api in (("synchronize", "cudaDeviceSynchronize"),
+                      ("event_synchronize", "cudaEventSynchronize")):
+        [row] = [e for e in t.events if e.name == f"HostWait:{kind}"] or [None]
+        if row is None:
+            continue
+        durations = [round(e["dur"] * 1000) for e in events if isinstance(e, dict)
+                     and e.get("cat") == "cuda_runtime" and e.get("name") == api]
+        assert (row.min_ns, row.max_ns) == (min(durations), max(durations)), kind
 
 
 def test_import_writes_one_trace_per_rank(tmp_path):

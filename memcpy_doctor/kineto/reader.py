@@ -137,6 +137,9 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
                 waits.use(around.wait)
             elif not waits.recorded and ops and ops[-1].name == _SCALAR_READ:
                 sync = True
+        if call is not None and pinned is False:  # pageable memory: CUDA returns from
+            sync = True  # cudaMemcpyAsync once a copy into it is done, or one from it is
+            # staged, the host blocked all the while (docs/cuda-semantics.md)
         trigger, at = _trigger(ops)
         sites = around.sites
         site = sites[0] if sites else None
@@ -150,7 +153,8 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
                    e, call, host_ns)
     records = copies.records()
     wait_records = waits.records()
-    rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records)
+    rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records,
+                       waits.extremes)
     meta = _meta(data, source, found.has_python, waits.recorded)
     if flow is not None:
         meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
@@ -213,6 +217,8 @@ class _Waits:
         self.stream_sync = events.name_id("cudaStreamSynchronize")
         self._kinds = {events.name_id(n): kind for n, kind in _WAITS.items()}
         self._used: list[tuple[int]] = []  # waits found to be copies', not yet written
+        #: kind -> the shortest and longest of its waits (the Event Summary's Min. and Max.)
+        self.extremes: dict[str, tuple[int, int]] = {}
         events.query("CREATE TEMP TABLE IF NOT EXISTS used (id INTEGER PRIMARY KEY)")
         self.recorded = events.query(
             f"SELECT 1 FROM ev WHERE k = {RUNTIME} AND name = ? LIMIT 1",
@@ -232,11 +238,14 @@ class _Waits:
         """The waits that are not a copy's, per kind (in the order each kind first comes)."""
         self._flush()
         marks = ",".join("?" * len(self._kinds))
-        return [WaitRecord(self._kinds[name], calls, ns, None)
-                for name, calls, ns in self._events.query(
-                    f"SELECT name, count(*), sum(ns) FROM ev WHERE k = {RUNTIME} AND name IN "
-                    f"({marks}) AND id NOT IN (SELECT id FROM used) GROUP BY name "
-                    "ORDER BY min(id)", list(self._kinds))]
+        out = []
+        for name, calls, ns, lo, hi in self._events.query(
+                f"SELECT name, count(*), sum(ns), min(ns), max(ns) FROM ev WHERE k = {RUNTIME} "
+                f"AND name IN ({marks}) AND id NOT IN (SELECT id FROM used) GROUP BY name "
+                "ORDER BY min(id)", list(self._kinds)):
+            out.append(WaitRecord(self._kinds[name], calls, ns, None))
+            self.extremes[self._kinds[name]] = (lo, hi)
+        return out
 
 
 class _DeviceInOp:
@@ -298,7 +307,8 @@ def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) 
 
 
 def _event_rows(events: Events, device_in_op: _DeviceInOp, copies: list[CopyRecord],
-                per_call: dict[tuple, list[int]], waits: list[WaitRecord]) -> list[EventRow]:
+                per_call: dict[tuple, list[int]], waits: list[WaitRecord],
+                extremes: dict[str, tuple[int, int]]) -> list[EventRow]:
     """The Event Summary: per cpu_op name (in the order each first comes), its calls, host
     and device time and the shortest and longest call; then the copies and waits."""
     if events.query(f"SELECT 1 FROM ev WHERE k = {OP} AND name = ? LIMIT 1",
@@ -314,7 +324,8 @@ def _event_rows(events: Events, device_in_op: _DeviceInOp, copies: list[CopyReco
         out.append(EventRow(copy_event_name(direction, sync), sum(c.calls for c in same),
                             sum(c.host_ns for c in same), sum(c.device_ns for c in same),
                             lo, hi))
-    out += [EventRow(f"HostWait:{w.kind}", w.calls, w.wait_ns, 0, 0, 0) for w in waits]
+    out += [EventRow(f"HostWait:{w.kind}", w.calls, w.wait_ns, 0, *extremes.get(w.kind, (0, 0)))
+            for w in waits]
     return out
 
 
