@@ -195,3 +195,14 @@ def test_import_writes_one_trace_per_rank(tmp_path):
     assert saved.meta.imported_from == "r1.json.gz"
     r = _in_process("import", "run.rank0.json", cwd=tmp_path)  # ours: nothing to import
     assert r.returncode == 2 and "give torch.profiler traces" in r.stderr
+
+
+def test_an_imported_report_shows_no_time_split_it_did_not_measure(tmp_path):
+    """(issue 43) torch.profiler does not split the run into computation and framework
+    overhead: the report of an imported trace gives its span alone."""
+    (tmp_path / "k.json").write_text(json.dumps(kineto_trace()))
+    r = _in_process("report", "k.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert ("Total time: 0.52 (the trace's span, first event to last; torch.profiler does not "
+            "split it into computation and framework overhead)") in r.stdout.splitlines()
+    assert "Computation time" not in r.stdout and "Framework overhead" not in r.stdout

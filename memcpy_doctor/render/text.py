@@ -201,6 +201,9 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     if m.untraced:
         lines.append("Not traced: " + "; ".join(m.untraced))
     lines += ["", *(_light_time_lines(trace) if m.light else [
+        f"Total time: {_ms(total)} (the trace's span, first event to last; torch.profiler "
+        "does not split it into computation and framework overhead)"]
+        if m.imported_from is not None else [
         f"Total time: {_ms(total)}",
         f"  Computation time       Total: {_ms(s.computation_ns):<12}"
         f"Ratio: {_pct(s.computation_ns, total)}",
