@@ -182,13 +182,6 @@ def _unrecorded(*args: Any) -> None:
     """The record step of a path that records nothing (SessionSim's)."""
 
 
-def _flops(info: Any, args: tuple, kwargs: dict, outs: Any) -> int:
-    try:
-        return info.flops(args, kwargs, outs)
-    except Exception:  # a formula that does not fit these arguments
-        return 0
-
-
 def recorder(ctx: ThreadContext) -> Callable[..., Any]:
     """The per-op path's last steps: `record(...)` records an op (on a real GPU `host_ns` is
     measured, `waited_ns` a wait inside it); returns its aggregate (None: a copy, `item()`)."""
@@ -212,7 +205,7 @@ def recorder(ctx: ThreadContext) -> Callable[..., Any]:
             if agg is None:
                 agg = col.new_op(key, info.name, device, site, launch_ns)
             kernel = info.kernel
-            flops = _flops(info, args, kwargs, outs) if kernel and info.flops is not None else 0
+            flops = info.flops(args, kwargs, outs) if kernel and info.flops is not None else 0
             nbytes = producers.read(ins, agg.flows_in, kernel)
             if pending:  # copies awaiting their first reader: is it this op?
                 for t in ins:

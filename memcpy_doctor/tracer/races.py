@@ -100,18 +100,19 @@ class RaceChecker:
         return covered
 
     def _learn(self, covered: Vector) -> None:
+        if not self.inflight:  # (nothing to order: every copy issued later counts higher)
+            return
         known = self._known
         for stream, seq in covered.items():
             if seq > known.get(stream, 0):
                 known[stream] = seq
-        if self.inflight:
-            for address in list(self.inflight):
-                left = [c for c in self.inflight[address] if c.seq > known.get(c.stream, 0)]
-                if left:
-                    self.inflight[address] = left
-                else:
-                    del self.inflight[address]
-                    self._alive.pop(address, None)
+        for address in list(self.inflight):
+            left = [c for c in self.inflight[address] if c.seq > known.get(c.stream, 0)]
+            if left:
+                self.inflight[address] = left
+            else:
+                del self.inflight[address]
+                self._alive.pop(address, None)
 
     def synced_stream(self, stream: Any = None) -> None:
         """The host waited for `stream` (None: the current one) to drain."""

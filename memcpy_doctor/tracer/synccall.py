@@ -30,12 +30,12 @@ import torch
 from ..core.defaults import LIGHT_SYNC_TRIGGER, UNKNOWN_DIRECTION
 from ..core.paths import TORCH_DIR
 
-#: Calls that sync only by reading a device tensor back to the host.
+#: Calls that sync only by reading a device tensor back to the host (by the name the full
+#: tracer gives their copy: `_ALIASES` maps the others first).
 READ_CALLS = frozenset((
-    "item", "tolist", "cpu", "numpy", "bool", "float", "int", "complex", "__bool__",
-    "__float__", "__int__", "__index__", "is_nonzero", "nonzero", "argwhere",
-    "nonzero_static", "unique", "unique_consecutive", "masked_select", "repeat_interleave",
-    "bincount", "equal", "allclose", "print", "format", "mask"))
+    "item", "tolist", "cpu", "numpy", "bool", "float", "int", "complex", "__index__",
+    "nonzero", "argwhere", "nonzero_static", "unique", "unique_consecutive",
+    "repeat_interleave", "bincount", "equal", "allclose", "print", "format", "mask"))
 #: Calls that sync only by sending host data to the device.
 SEND_CALLS = frozenset(("cuda",))
 #: Calls by the name the full tracer gives their copy.

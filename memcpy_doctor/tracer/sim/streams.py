@@ -23,10 +23,11 @@ _ACTIVE: dict[str, Any] = {}
 _current = threading.local()  # .stream: the thread's current stream, where one was set
 
 
-def _races(sim: Any) -> Any:
-    """The race checker of the run the simulated device serves (None: it records none)."""
-    run = getattr(sim.st, "run", None)
-    return getattr(run, "races", None)
+def _races() -> Any:
+    """The race checker of the run the simulated device in use serves (None: no device in
+    use, or a run that records no races, as the pytest plugin's session-wide one)."""
+    sim = _ACTIVE.get("sim")
+    return getattr(getattr(sim.st, "run", None), "races", None) if sim else None
 
 
 class SimEvent:
@@ -40,7 +41,7 @@ class SimEvent:
     def record(self, stream: Any = None) -> None:
         sim = _ACTIVE.get("sim")
         self._device_ns = sim.device_clock() if sim else 0
-        races = _races(sim) if sim else None
+        races = _races()
         if races is not None:
             races.event_recorded(id(self), id(stream if stream is not None else
                                               current_stream()))
@@ -50,18 +51,19 @@ class SimEvent:
         true, as CUDA's)."""
         sim = _ACTIVE.get("sim")
         done = self._device_ns is None or not sim or _work_done(sim, self._device_ns)
-        if done and sim:
-            self._ordered(sim)
+        if done:
+            self._ordered()
         return done
 
     def synchronize(self) -> None:
         sim = _ACTIVE.get("sim")
         if sim:
             sim.host_wait("event_synchronize")
-            self._ordered(sim)
+            self._ordered()
 
-    def _ordered(self, sim: Any) -> None:
-        races = _races(sim)
+    def _ordered(self) -> None:
+        """The host knows the work before the event done (the race checker's)."""
+        races = _races()
         if races is not None:
             races.event_synced(id(self))
 
@@ -99,10 +101,11 @@ class SimStream(torch.Stream):
             if sim.sync_debug:  # CUDAStream::synchronize is c10's stream_synchronize
                 sim.synced()
             sim.host_wait("stream_synchronize")
-            self._ordered(sim)
+            self._ordered()
 
-    def _ordered(self, sim: Any) -> None:
-        races = _races(sim)
+    def _ordered(self) -> None:
+        """The host knows this stream's work done (the race checker's)."""
+        races = _races()
         if races is not None:
             races.synced_stream(id(self))
 
@@ -113,8 +116,7 @@ class SimStream(torch.Stream):
             self.wait_event(stream.record_event())
 
     def wait_event(self, event: Any) -> None:
-        sim = _ACTIVE.get("sim")
-        races = _races(sim) if sim else None
+        races = _races()
         if races is not None:
             races.stream_waited(id(self), id(event))
 
@@ -127,8 +129,8 @@ class SimStream(torch.Stream):
         """Whether all work queued on the device is done."""
         sim = _ACTIVE.get("sim")
         done = not sim or _work_done(sim)
-        if done and sim:
-            self._ordered(sim)
+        if done:
+            self._ordered()
         return done
 
     def is_capturing(self) -> bool:
