@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..core.costmodel import profile_of
-from ..core.paths import format_site, is_user_file
+from ..core.paths import format_site
 from ..core.trace import CopyRecord, Trace
 from .attribution import Explanation
 from .edits import indent_of, lines_change
-from .expert_source import (SCOPES, Source, declared_shared, names_in,
-                            once_saving, preceding_store, source_cache, stored_in)
-from .steady import per_step
+from .expert_source import (SCOPES, Source, declared_shared, names_in, once_saving,
+                            preceding_store, source_cache, stored_in, user_copies)
 from .suggestion import ONCE, Suggestion
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -54,11 +53,7 @@ class AccumulateOnDevice:
     def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
         read = source_cache()
         out = []
-        for c in trace.copies:
-            if (c.direction != "DtoH" or not c.sync or c.trigger not in self.TRIGGERS
-                    or c.site is None or not is_user_file(c.site.file)
-                    or not per_step(c, trace.summary.total_ns)):
-                continue
+        for _, c in user_copies(trace, "DtoH", self.TRIGGERS):
             src = read(c.site.file)
             plan = accumulation(src, c) if src is not None else None
             change = lines_change(src.path, plan.edits, cwd) if plan is not None else None

@@ -11,12 +11,11 @@ import ast
 from typing import ClassVar
 
 from ..core.costmodel import profile_of
-from ..core.paths import format_site, is_user_file
+from ..core.paths import format_site
 from ..core.trace import CopyRecord, Trace
 from .attribution import Explanation
 from .edits import lines_change
-from .expert_source import Source, source_cache
-from .steady import per_step
+from .expert_source import Source, source_cache, user_copies
 from .suggestion import DROP, Suggestion
 
 #: Factories whose values do not depend on where they are made.
@@ -48,11 +47,7 @@ class MakeOnDevice:
         read = source_cache()
         profile = profile_of(trace)
         out = []
-        for c in trace.copies:
-            if (c.direction != "HtoD" or not c.sync or c.trigger not in ("to", "cuda")
-                    or c.site is None or not is_user_file(c.site.file)
-                    or not per_step(c, trace.summary.total_ns)):
-                continue
+        for _, c in user_copies(trace, "HtoD", ("to", "cuda")):
             src = read(c.site.file)
             found = _factory_then_to(src, c) if src is not None else None
             if found is None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from ..core.paths import format_site, is_user_file
+from ..core.paths import format_site
 from ..core.trace import CopyRecord, Site, Trace
 from .attribution import Explanation
 from .edits import indent_of, lines_change
 from .expert_source import (Source, changed_in, declared_shared, dotted, loop_parts,
-                            names_in, once_saving, preceding_store, source_cache, stored_in)
-from .steady import per_step
+                            names_in, once_saving, preceding_store, source_cache, stored_in,
+                            user_copies)
 from .suggestion import ONCE, Suggestion
 
 #: torch functions that make the same tensor from the same arguments, every time.
@@ -61,11 +61,7 @@ class HoistInvariantUpload:
     def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
         read = source_cache()
         by_loop: dict[tuple, list] = {}
-        for index, c in enumerate(trace.copies):
-            if (c.direction != "HtoD" or c.trigger not in self.TRIGGERS or c.site is None
-                    or not is_user_file(c.site.file)
-                    or not per_step(c, trace.summary.total_ns)):
-                continue
+        for index, c in user_copies(trace, "HtoD", self.TRIGGERS, sync=None):
             src = read(c.site.file)
             found = _invariant_statement(src, c) if src is not None else None
             if found is None or not _timeline_agrees(trace, index, found[2]):

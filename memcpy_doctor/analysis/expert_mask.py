@@ -10,12 +10,12 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from ..core.paths import format_site, is_user_file
+from ..core.paths import format_site
 from ..core.trace import CopyRecord, Trace
 from .attribution import Explanation
 from .edits import indent_of, lines_change
-from .expert_source import Source, changed_in, dotted, loop_parts, source_cache, stored_in
-from .steady import per_step
+from .expert_source import (Source, changed_in, dotted, loop_parts, source_cache, stored_in,
+                            user_copies)
 from .suggestion import DROP, Suggestion
 
 
@@ -43,10 +43,8 @@ class IndexOnce:
         read = source_cache()
         reads = _storages_read(trace)
         groups: dict[tuple, list] = {}
-        for i, c in enumerate(trace.copies):
-            if (c.direction != "DtoH" or not c.sync or c.trigger != "mask" or c.site is None
-                    or not is_user_file(c.site.file) or c.end_col is None
-                    or not per_step(c, trace.summary.total_ns)):
+        for i, c in user_copies(trace, "DtoH", ("mask",)):
+            if c.end_col is None:
                 continue
             src = read(c.site.file)
             found = _masked(src, c) if src is not None else None

@@ -11,12 +11,11 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from ..core.paths import format_site, is_user_file
+from ..core.paths import format_site
 from ..core.trace import CopyRecord, Trace
 from .attribution import Explanation
 from .edits import indent_of, lines_change
-from .expert_source import Source, dotted, source_cache, torch_release
-from .steady import per_step
+from .expert_source import Source, dotted, source_cache, torch_release, user_copies
 from .suggestion import DROP, Suggestion
 
 #: Ops that draw random numbers: where one runs other than in the construction, the numbers
@@ -63,11 +62,7 @@ class BuildOnDevice:
             return []  # (torch.device is a context manager from torch 2.0 on)
         read = source_cache()
         found: dict[tuple, tuple] = {}
-        for c in trace.copies:
-            if (c.direction != "HtoD" or c.trigger not in ("to", "cuda") or c.site is None
-                    or not is_user_file(c.site.file)
-                    or per_step(c, trace.summary.total_ns)):
-                continue
+        for _, c in user_copies(trace, "HtoD", ("to", "cuda"), sync=None, every_step=False):
             src = read(c.site.file)
             built = _construction(src, c) if src is not None else None
             if built is not None:

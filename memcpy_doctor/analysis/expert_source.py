@@ -12,9 +12,11 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
-from ..core.trace import CopyRecord
+from ..core.paths import is_user_file
+from ..core.trace import CopyRecord, Trace
+from .steady import per_step
 
 #: Nodes that open a scope of their own: a name inside one is not the name outside.
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
@@ -250,6 +252,20 @@ def torch_release(version: str) -> tuple[int, int] | None:
     """(major, minor) of a torch version string ("2.13.0+cpu"), None where it is not one."""
     found = re.match(r"(\d+)\.(\d+)", version or "")
     return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def user_copies(trace: Trace, direction: str, triggers: Collection[str], *,
+                sync: bool | None = True,
+                every_step: bool = True) -> Iterator[tuple[int, CopyRecord]]:
+    """(index, copy) of the trace's copies in `direction` made by one of `triggers` at a line
+    of the user's own code, what an expert rule reads the source of: those the host waited
+    for (`sync` None: any), made every step (`every_step` False: once or in one burst)."""
+    total = trace.summary.total_ns
+    for i, c in enumerate(trace.copies):
+        if (c.direction == direction and c.trigger in triggers
+                and (sync is None or c.sync == sync) and c.site is not None
+                and is_user_file(c.site.file) and per_step(c, total) == every_step):
+            yield i, c
 
 
 def once_saving(copies: list[CopyRecord]) -> int:

@@ -134,16 +134,21 @@ def writes_before_ordered(trace: Trace, copy: CopyRecord) -> bool | None:
         ref = next(i for i, c in enumerate(trace.copies) if c is copy)
     except StopIteration:
         return None
-    events, seen = timeline.events, False
-    for i, e in enumerate(events):
-        if e.kind != "copy" or e.ref != ref:
-            continue
-        seen = True
-        source = set(e.reads)
-        for later in events[i + 1:]:
-            if later.kind == "wait" or (later.kind == "copy"
-                                        and trace.copies[later.ref].sync):
-                break
-            if later.kind == "op" and later.stream is None and source & set(later.writes):
-                return True
+    copies, seen, pending = trace.copies, False, set()  # (its source, since its last call)
+    for e in timeline.events:  # (one pass: each call's source, until a sync orders it)
+        if e.kind == "copy" and e.ref == ref:
+            seen = True
+            pending.update(e.reads)
+        elif e.kind == "wait" or e.kind == "copy" and _orders(copies[e.ref]):
+            pending.clear()
+        elif pending and e.kind == "op" and e.stream is None and not pending.isdisjoint(
+                e.writes):
+            return True
     return False if seen else None
+
+
+def _orders(c: CopyRecord) -> bool:
+    """Whether the host waited for its stream to drain at copy `c` (a sync copy, but not a
+    host->device one from pageable memory with non_blocking, which waits for its staging
+    alone: tracer/context.py's `_order`)."""
+    return c.sync and not (c.non_blocking and c.direction == "HtoD")

@@ -7,7 +7,7 @@ looked for load with none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .fields import a_str, an_int, an_object, bad
@@ -45,8 +45,7 @@ class RaceRecord:
 
 
 def _site_dict(site: Site | None) -> dict[str, Any] | None:
-    return None if site is None else {"file": site.file, "line": site.line,
-                                      "function": site.function}
+    return None if site is None else asdict(site)  # (as the trace writes every site)
 
 
 def race_from_dict(d: Any, site: Any) -> RaceRecord:

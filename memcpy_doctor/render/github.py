@@ -18,6 +18,7 @@ from ..analysis.attribution import user_site
 from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding, site_name
 from ..core.units import format_value
 from ..core.races import RaceRecord
+from ..core.site import Site
 from .check import finding_message, race_message, summary_line
 
 TITLE = "memcpy-doctor"
@@ -38,15 +39,17 @@ def finding_location(f: PathFinding, root: str) -> tuple[str, int] | None:
     made inside a library the user's line that led there): relative to `root` with forward
     slashes when it lies under it, else absolute; None without a site or for a pseudo-file
     ("<string>")."""
-    site = user_site(f.copy) or f.copy.site
-    if site is None or site.file.startswith("<"):
-        return None
-    return site_name(site, root).rsplit(":", 1)[0], site.line
+    return site_location(user_site(f.copy) or f.copy.site, root)
 
 
 def race_location(r: RaceRecord, root: str) -> tuple[str, int] | None:
     """(path, line) of a race's access, as `finding_location` gives a copy's."""
-    site = r.access_site
+    return site_location(r.access_site, root)
+
+
+def site_location(site: Site | None, root: str) -> tuple[str, int] | None:
+    """(path, line) of `site`: relative to `root` with forward slashes when it lies under it,
+    else absolute; None without a site or for a pseudo-file ("<string>")."""
     if site is None or site.file.startswith("<"):
         return None
     return site_name(site, root).rsplit(":", 1)[0], site.line

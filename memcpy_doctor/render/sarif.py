@@ -26,7 +26,8 @@ from ..core import __version__
 from ..analysis.gates import METRICS, CheckResult, GateResult, PathFinding
 from ..core.races import READ_BEFORE_DONE, RaceRecord
 from .check import finding_message, race_message
-from .github import finding_location, gate_message, improvement_message, race_location
+from .github import (finding_location, gate_message, improvement_message, race_location,
+                     site_location)
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
@@ -162,7 +163,7 @@ def race_fingerprint(r: RaceRecord, root: str) -> str:
     """Stable across line moves: the kind, and each end's path and function."""
     parts = [r.kind]
     for site in (r.copy_site, r.access_site):
-        loc = race_location(RaceRecord(r.kind, None, "", "", 0, site, "", 0), root)
+        loc = site_location(site, root)
         parts += [loc[0] if loc else "?", site.function if site is not None else ""]
     return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
