@@ -208,7 +208,8 @@ class ThreadContext:
         span ends there)."""
         stack, end_col = self.sites.stack_at(site)
         events, timeline = self.events, self.timeline
-        if direction != "DtoD":
+        # (a sync copy orders nothing while no copy is in flight)
+        if direction != "DtoD" and (not sync or self.run.races.inflight):
             self._order(direction, sync, pinned, non_blocking, src, dst, site, nbytes,
                         trigger)
         return events.copy(
@@ -226,7 +227,8 @@ class ThreadContext:
         """What a copy between host and device tells the race checker: an async one (from
         or into pinned memory) is in flight on the current stream until ordered; a sync one
         orders the stream, as the host waited for it to drain (not a host->device copy from
-        pageable memory with non_blocking: the host waits for the staging alone)."""
+        pageable memory with non_blocking: the host waits for the staging alone), and needs
+        telling only while a copy is in flight."""
         races = self.run.races
         if not sync:
             host = dst if direction == "DtoH" else src
