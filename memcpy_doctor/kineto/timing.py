@@ -8,9 +8,10 @@ on hand-made traces.
 
 - copies: every `gpu_memcpy` event's `args.bytes` and `dur`, the DMA's own time on the device
   (what the cost model's `setup + bytes / bandwidth` stands for), per path `HtoD_pinned`,
-  `HtoD_pageable`, `DtoH_pinned`, `DtoH_pageable`, and `DtoD` for a peer copy (`PtoP`); a copy
-  within one device (`DtoD (Device -> Device)`) reads and writes device memory, so it measures
-  the memory bandwidth instead;
+  `HtoD_pageable`, `DtoH_pinned`, `DtoH_pageable`, `DtoD` for a peer copy between two GPUs
+  (`PtoP`), the profile's DtoD path, and `DtoD_local` for a copy within one device
+  (`DtoD (Device -> Device)`), which the model prices as a kernel that reads and writes
+  device memory: it measures the memory bandwidth instead;
 - sync_ns: `cudaStreamSynchronize` / `cudaDeviceSynchronize` calls made while no device work
   was running: then the whole call is the wake-up latency the model adds to every wait;
 - launch_call_ns: each `cudaLaunchKernel` call's duration; launch_ns: the host time of each
@@ -32,15 +33,18 @@ from .stacks import enclosing
 _SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")
 _DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
+#: The path of a copy within one device: not one of the profile's copy paths (its DtoD is a
+#: peer copy between GPUs); the model prices such a copy as a kernel (run/calibrate_trace.py).
+LOCAL = "DtoD_local"
 
 
 def copy_path(name: str) -> str | None:
-    """The profile's copy path of a gpu_memcpy event's name; "local" for a copy within one
-    device; None for one the model has no path for (HtoH)."""
+    """The copy path of a gpu_memcpy event's name: the profile's, or LOCAL for a copy within
+    one device; None for one the model has no path for (HtoH)."""
     if "PtoP" in name:
         return "DtoD"
     if "DtoD" in name:
-        return "local"
+        return LOCAL
     for direction in ("HtoD", "DtoH"):
         if direction in name:
             return f"{direction}_{'pinned' if 'Pinned' in name else 'pageable'}"
@@ -56,7 +60,7 @@ def timings(data: dict) -> dict[str, Any]:
     events = as_events(data.get("traceEvents", []))
     events.check()
     spans = "(ph = 'X' OR ph IS NULL)"
-    copies, local = [], []
+    copies: list[dict[str, Any]] = []
     pinned_calls: set[Any] = set()  # correlation ids of pinned copies
     kernels: list[int] = []
     busy: list[tuple[float, float]] = []  # device work: (start, end) in us
@@ -70,8 +74,7 @@ def timings(data: dict) -> dict[str, Any]:
             nbytes = e.nbytes
             if path is None or type(nbytes) is not int or nbytes <= 0:
                 continue
-            record = {"path": path, "bytes": nbytes, "ns": _ns(e.dur)}
-            (local if path == "local" else copies).append(record)
+            copies.append({"path": path, "bytes": nbytes, "ns": _ns(e.dur)})
             if path.endswith("_pinned"):
                 pinned_calls.add(e.corr)
     busy.sort()
@@ -89,8 +92,7 @@ def timings(data: dict) -> dict[str, Any]:
     memcpy_call_ns = [ns for corr, ns in events.query(
         f"SELECT corr, ns FROM ev WHERE k = {RUNTIME} AND {spans} ORDER BY id")
         if corr in pinned_calls]
-    return {"device": _device(data), "copies": copies, "local_copies": local,
-            "sync_ns": sync_ns, "launch_ns": launch_ns, "launch_call_ns": launch_call_ns,
+    return {"device": _device(data), "copies": copies, "sync_ns": sync_ns, "launch_ns": launch_ns, "launch_call_ns": launch_call_ns,
             "memcpy_call_ns": memcpy_call_ns, "kernel_ns": kernels}
 
 

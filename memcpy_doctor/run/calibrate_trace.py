@@ -19,6 +19,17 @@ at least half their time in setup by the fitted bandwidth; all copies if none do
 whose largest copy would spend less time moving bytes than in setup by the fit does not show
 its bandwidth: only its setup is fitted, the bandwidth is kept from the base profile, and the
 source says so. Exact arithmetic (Fractions), so copies on a line give that line back.
+
+Copies within one device, and between GPUs. The profile's `DtoD` path is a peer copy between
+two GPUs (the shipped profiles' NVLink or PCIe figure; the tracer records a copy between
+devices as DtoD and one within a device as an op), and only peer copies (`Memcpy PtoP`) fit
+it: a copy within one device runs at memory speed, 4 to 21 times a shipped profile's peer
+figure, and would make every peer copy that much too fast. A copy within one device (`Memcpy
+DtoD (Device -> Device)`, path `DtoD_local`) is fitted the same way, into the figures the
+model prices it with, as a kernel that reads and writes each byte: `kernel_min_ns + 2 bytes /
+memory_bandwidth`. Its bandwidth, doubled, is the memory bandwidth (live calibration's too
+is a device-to-device `copy_`); its setup is kernel_min_ns where the traces have no kernel to
+give the shortest; its errors are those of that pricing.
 """
 
 from __future__ import annotations
@@ -31,12 +42,13 @@ from typing import Any, Iterable
 from ..core.costmodel import DeviceProfile
 from ..kineto.events import one_line
 from ..kineto.reader import is_kineto, read_json
-from ..kineto.timing import timings
+from ..kineto.timing import LOCAL, timings
 from ..core.trace import TraceError
 from .calibrate import COPY_PATHS, CalibrationError
 
-#: The paths a trace can fit: the four host paths and a peer copy (`PtoP`).
-TRACE_PATHS = (*COPY_PATHS, "DtoD")
+#: The paths a trace can fit: the four host paths, a peer copy (`PtoP`, the profile's DtoD)
+#: and a copy within one device (LOCAL: the memory bandwidth; module docstring).
+TRACE_PATHS = (*COPY_PATHS, "DtoD", LOCAL)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,9 @@ class Fit:
     bandwidth: float | None  # bytes/s; None: the copies do not show it
     time_error: float
     median_error: float
+    #: LOCAL only: the kernel_min_ns the profile prices these copies' setup with, where the
+    #: traces' kernels give it and it is not the fitted setup (the errors are then its).
+    priced_setup_ns: int | None = None
 
 
 def fit_copy_path(points: Iterable[tuple[int, int]],
@@ -91,19 +106,22 @@ def _median(values: list[Fraction]) -> Fraction:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def fit_path(path: str, records: list[dict[str, Any]], base: DeviceProfile) -> Fit:
-    """The Fit of one path's `{"bytes", "ns"}` records (see fit_copy_path)."""
+def fit_path(path: str, records: list[dict[str, Any]], fallback_bandwidth: float,
+             priced_setup_ns: int | None = None) -> Fit:
+    """The Fit of one path's `{"bytes", "ns"}` records (see fit_copy_path); its errors are
+    those of the fitted setup, or of `priced_setup_ns` where the profile prices the copies'
+    setup with another figure (LOCAL's kernel_min_ns)."""
     pts = [(int(r["bytes"]), int(r["ns"])) for r in records]
-    setup, slope = fit_copy_path(pts, base.copy_bandwidth[path])
-    per_byte = slope if slope is not None else Fraction(10**9) / Fraction(
-        base.copy_bandwidth[path])
-    modeled = [setup + per_byte * x for x, _ in pts]
+    setup, slope = fit_copy_path(pts, fallback_bandwidth)
+    per_byte = slope if slope is not None else Fraction(10**9) / Fraction(fallback_bandwidth)
+    priced = setup if priced_setup_ns is None else Fraction(priced_setup_ns)
+    modeled = [priced + per_byte * x for x, _ in pts]
     measured = sum(y for _, y in pts)
     errors = [abs(m - y) / y for m, (_, y) in zip(modeled, pts) if y > 0]
     return Fit(path, len(pts), min(x for x, _ in pts), max(x for x, _ in pts), round(setup),
                None if slope is None else float(Fraction(10**9) / slope),
                float((sum(modeled) - measured) / measured) if measured else 0.0,
-               float(_median(errors)) if errors else 0.0)
+               float(_median(errors)) if errors else 0.0, priced_setup_ns)
 
 
 def trace_timings(paths: list[str]) -> dict[str, Any]:
@@ -133,41 +151,77 @@ def trace_timings(paths: list[str]) -> dict[str, Any]:
             if key != "device":
                 pooled.setdefault(key, []).extend(value)
     if not any(r["path"] in TRACE_PATHS for r in pooled.get("copies", [])):
-        raise CalibrationError(f"{', '.join(paths)}: no host<->device or peer copies "
-                               "(gpu_memcpy events) to fit a copy model to")
+        raise CalibrationError(f"{', '.join(paths)}: no copies to fit (gpu_memcpy events "
+                               "between host and device, between GPUs or within one)")
     return pooled
 
 
 def fit_trace(m: dict[str, Any], base: DeviceProfile) -> tuple[dict[str, Any], list[Fit]]:
     """A device profile (the dict DeviceProfile.from_dict reads) fitted to `m` (from
     trace_timings), and the Fit of each copy path it had copies for. What the traces do not
-    show is kept from `base`, and each figure's source says which."""
+    show is kept from `base`, and each figure's source says which. Copies within one device
+    give the memory bandwidth, never the peer DtoD path (module docstring)."""
     dev = m["device"]
     name = dev.get("name") or f"GPU of {m['sources'][0]} (name not recorded)"
     files = ", ".join(m["sources"])
     stamp = f"fitted by memcpy-doctor calibrate --from-trace to {files}"
-    kept = f"not in the trace{'s' if len(m['sources']) > 1 else ''}, kept from {base.name}"
+    traces = f"trace{'s' if len(m['sources']) > 1 else ''}"
+    kept = f"not in the {traces}, kept from {base.name}"
     by_path: dict[str, list[dict[str, Any]]] = {}
     for r in m["copies"]:
         by_path.setdefault(r["path"], []).append(r)
-    fits = [fit_path(p, by_path[p], base) for p in TRACE_PATHS if p in by_path]
+    fits = [fit_path(p, by_path[p], base.copy_bandwidth[p]) for p in TRACE_PATHS
+            if p in by_path and p != LOCAL]
     bandwidth, setup = dict(base.copy_bandwidth), {}
     for f in fits:
         setup[f.path] = f.setup_ns
         if f.bandwidth is not None:
             bandwidth[f.path] = f.bandwidth
     shown = [f.path for f in fits if f.bandwidth is not None]
+    unseen = [p for p in bandwidth if p not in by_path]
+    small = [p for p in bandwidth if p in by_path and p not in shown]
+    local = by_path.get(LOCAL, [])
     sources = dict(base.sources)
     sources["copy_bandwidth"] = (
         f"{stamp}: least-squares slope of device ns on bytes over each path's gpu_memcpy "
-        f"events ({', '.join(shown) or 'none'}); {kept}: "
-        + ", ".join(p for p in bandwidth if p not in shown))
-    sources["copy_setup"] = f"{stamp}: median of device ns - bytes / bandwidth per path"
-    sources["copy_fit"] = "; ".join(_quality(f) for f in fits)
+        f"events ({', '.join(shown) or 'none'})"
+        + (f"; {kept}: {', '.join(unseen)}" if unseen else "")
+        + (f"; kept from {base.name}, its copies too small to show it: {', '.join(small)}"
+           if small else "")
+        + ("; DtoD is a peer copy between GPUs (Memcpy PtoP): the "
+           f"{len(local)} copies within the device (Memcpy DtoD) are priced with "
+           "memory_bandwidth instead" if local and "DtoD" not in by_path else ""))
+    sources["copy_setup"] = (
+        f"{stamp}: median of device ns - bytes / bandwidth per path ({', '.join(setup)})"
+        if setup else f"no host<->device or peer copies in the {traces}: every path uses "
+                      "copy_setup_ns")
     figures: dict[str, Any] = {}
     if setup:
         figures["copy_setup_ns"] = round(statistics.median(setup.values()))
         sources["copy_setup_ns"] = f"{stamp}: median of the per-path setups"
+    kernels = m.get("kernel_ns") or []
+    if kernels:
+        figures["kernel_min_ns"] = min(kernels)
+        sources["kernel_min_ns"] = f"{stamp}: the shortest of {len(kernels)} kernels"
+    if local:  # priced as a kernel: kernel_min_ns + 2 bytes / memory_bandwidth
+        half = base.memory_bandwidth / 2
+        lf = fit_path(LOCAL, local, half)
+        if kernels and figures["kernel_min_ns"] != lf.setup_ns:
+            lf = fit_path(LOCAL, local, half, figures["kernel_min_ns"])
+        fits.append(lf)
+        if not kernels:
+            figures["kernel_min_ns"] = lf.setup_ns
+            sources["kernel_min_ns"] = (
+                f"{stamp}: no kernels in the {traces}: the setup of its {len(local)} copies "
+                "within the device (Memcpy DtoD), which the model prices as kernels")
+        if lf.bandwidth is not None:
+            figures["memory_bandwidth"] = 2 * lf.bandwidth
+            sources["memory_bandwidth"] = (
+                f"{stamp}: twice the least-squares bandwidth of {len(local)} copies within "
+                "the device (Memcpy DtoD): each reads and writes every byte, and the model "
+                "prices one as a kernel, kernel_min_ns + bytes read and written / "
+                "memory_bandwidth")
+    sources["copy_fit"] = "; ".join(_quality(f) for f in fits)
     if m.get("sync_ns"):
         figures["sync_ns"] = round(statistics.median(m["sync_ns"]))
         sources["sync_ns"] = (f"{stamp}: median duration of {len(m['sync_ns'])} stream or "
@@ -184,15 +238,6 @@ def fit_trace(m: dict[str, Any], base: DeviceProfile) -> tuple[dict[str, Any], l
                "profiler's own per-op cost included" if ops else "")
             + (f"; a pinned copy's cudaMemcpyAsync call: median "
                f"{round(statistics.median(copies))} ns over {len(copies)}" if copies else ""))
-    if m.get("kernel_ns"):
-        figures["kernel_min_ns"] = min(m["kernel_ns"])
-        sources["kernel_min_ns"] = f"{stamp}: the shortest of {len(m['kernel_ns'])} kernels"
-    local = [r for r in m.get("local_copies", []) if r["ns"] > 0]
-    if local:
-        best = max(local, key=lambda r: Fraction(r["bytes"], r["ns"]))
-        figures["memory_bandwidth"] = float(Fraction(2 * best["bytes"] * 10**9, best["ns"]))
-        sources["memory_bandwidth"] = (f"{stamp}: bytes read plus written per second by the "
-                                       f"fastest of {len(local)} copies within the device")
     for key in ("total_memory_bytes", "multi_processor_count", "compute_capability"):
         if key in dev:
             sources[key] = f"{stamp}: deviceProperties"
@@ -201,6 +246,10 @@ def fit_trace(m: dict[str, Any], base: DeviceProfile) -> tuple[dict[str, Any], l
                 "compute_capability"):
         if key not in figures and key not in dev:
             sources[key] = f"{kept}: {base.sources.get(key, 'its figure')}"
+    if local and "memory_bandwidth" not in figures:
+        sources["memory_bandwidth"] = (
+            f"kept from {base.name}, the {len(local)} copies within the device too small to "
+            f"show it: {base.sources.get('memory_bandwidth', 'its figure')}")
     sources.pop("note", None)
     profile = {
         "name": name,
@@ -222,12 +271,20 @@ def fit_trace(m: dict[str, Any], base: DeviceProfile) -> tuple[dict[str, Any], l
     return profile, fits
 
 
+def _rate(bytes_per_s: float) -> str:
+    return (f"{bytes_per_s / 1e12:.3g} TB/s" if bytes_per_s >= 9.995e11
+            else f"{bytes_per_s / 1e9:.3g} GB/s")
+
+
 def _quality(f: Fit) -> str:
-    bw = (f"{f.bandwidth / 1e9:.3g} GB/s" if f.bandwidth is not None
-          else "bandwidth not shown (copies too small)")
+    bw = ("bandwidth not shown (copies too small)" if f.bandwidth is None
+          else _rate(f.bandwidth) if f.path != LOCAL
+          else f"{_rate(f.bandwidth)} (memory_bandwidth {_rate(2 * f.bandwidth)})")
+    priced = ("" if f.priced_setup_ns is None
+              else f" (priced at kernel_min_ns, {f.priced_setup_ns} ns)")
     return (f"{f.path}: {f.events} events, {f.min_bytes} to {f.max_bytes} B, setup "
-            f"{f.setup_ns} ns, {bw}; total time error {f.time_error:+.1%}, median copy "
-            f"error {f.median_error:.1%}")
+            f"{f.setup_ns} ns{priced}, {bw}; total time error {f.time_error:+.1%}, median "
+            f"copy error {f.median_error:.1%}")
 
 
 def fit_lines(fits: list[Fit]) -> list[str]:
