@@ -10,7 +10,11 @@ Default traces: ../shared/kineto/*.json.gz (HTA's own test data). HTA lives in a
 own, so that it does not touch ours (its pandas and plotly pins):
 
     python3 -m venv /work/htavenv && /work/htavenv/bin/pip install torch==2.13.0 \\
-        && /work/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0
+        && /work/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0 "pandas<3"
+
+(pandas<3: HTA 0.5 leaves pandas unpinned, and under pandas 3 its critical_path_analysis
+raises "Cannot specify both 'axis' and 'index'/'columns'"; every other figure is the same
+under pandas 3.1.1 and 2.3.3.)
 
 For each trace, each in a SEPARATE subprocess, timed (wall) with its peak RSS (os.wait4):
   raw   this script under our Python: counts the trace's gpu_memcpy events by name (count,
@@ -19,7 +23,8 @@ For each trace, each in a SEPARATE subprocess, timed (wall) with its peak RSS (o
   hta   this script under --hta-python: TraceAnalysis(trace_dir=a temp folder holding only
         the trace), then get_memory_bw_summary, get_gpu_kernel_breakdown(include_memory_
         kernels=True), get_idle_time_breakdown, get_temporal_breakdown,
-        get_cuda_kernel_launch_stats, and the memcpy rows HTA keeps in its DataFrame;
+        get_cuda_kernel_launch_stats, critical_path_analysis (first ProfilerStep: its sync
+        edges), and the memcpy rows HTA keeps in its DataFrame;
   md    `memcpy-doctor import TRACE -o X.json` (X.json read back: copies, waits) and
         `memcpy-doctor report TRACE`.
 Times are the median of --repeat runs; peak RSS the largest. All durations are in us.
@@ -227,8 +232,27 @@ def child_hta(path: str, include_last: bool) -> dict:
     on_copy = launch[launch["correlation"].isin(memcpy["correlation"])]
     out["launch_stats"] = {"rows": int(len(launch)), "copy_rows": int(len(on_copy)), **{
         f"copy_{k}": float(on_copy[k].sum()) for k in ("cpu_duration", "gpu_duration", "launch_delay")}}
+    out["critical_path"] = critical_path(ta, rank, timed)
     out["versions"] = {"pandas": pd.__version__, "hta": hta_version}
     return out
+
+
+def critical_path(ta, rank: int, timed) -> dict:
+    """HTA's only analysis that reads the cuda_sync events: critical_path_analysis on the first
+    ProfilerStep. Its sync edges (Stream/Event/Context Sync, GPU op -> end of the sync call)
+    are dependencies of weight 0: the time is on the CPU's and GPU's own edges."""
+    if not ta.get_profiler_steps():
+        return {"skipped": "no ProfilerStep"}
+    try:
+        cp, ok = timed("critical_path_analysis",
+                       lambda: ta.critical_path_analysis(rank, "ProfilerStep", 0))
+    except Exception as e:  # HTA 0.5's CPA raises under pandas 3
+        return {"error": f"{type(e).__name__}: {e}"}
+    edges = [d["object"] for _, _, d in cp.edges(data=True)]
+    sync = [e for e in edges if e.type.name == "SYNC_DEPENDENCY"]
+    return {"ok": bool(ok), "sync_edges": len(sync), "sync_weight": sum(e.weight for e in sync),
+            "sync_on_path": sum(e in cp.critical_path_edges_set for e in sync),
+            "bound_by_pct": {k or "none": round(float(v), 1) for k, v in cp.summary().items()}}
 
 
 # ---------------------------------------------------------------- parent
@@ -395,6 +419,11 @@ def table(trace: str, raw: dict, hta: dict, md: dict, times: dict) -> str:
     if cs["count"]:
         rows.append(("cuda_sync events counted as GPU busy time", "-",
                      f"{cs['count']} / {fmt(cs['dur'])} us", "-"))
+    c = hta["critical_path"]
+    rows.append(("critical path (first ProfilerStep): sync edges / on the path / their time; bound by",
+                 "-", c.get("skipped") or c.get("error") or
+                 f"{c['sync_edges']} / {c['sync_on_path']} / {fmt(c['sync_weight'])} us; "
+                 + ", ".join(f"{k} {v}%" for k, v in c["bound_by_pct"].items() if v), "-"))
     rows.append(("ProfilerSteps: in trace / analysed", ", ".join(raw["profiler_steps"]) or "none",
                  ", ".join(map(str, hta["profiler_steps"])) or "none", "all events"))
     for label, key in (("wall time, s (median)", "wall_s"), ("peak RSS, MiB", "peak_rss_mib")):
