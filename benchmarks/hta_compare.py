@@ -227,6 +227,13 @@ def child_hta(path: str, include_last: bool) -> dict:
     out["idle_gaps"] = {c: int(stats.loc[[c], "count"].sum()) for c in set(stats.index)}
     tb = timed("temporal_breakdown", lambda: ta.get_temporal_breakdown(visualize=False))
     out["temporal"] = {k: float(tb.iloc[0][k]) for k in tb.columns if k != "rank"}
+    sync_id = ta.t.symbol_table.get_sym_id_map().get("cuda_sync")
+    if sync_id is not None:  # the same breakdown with the cuda_sync rows taken out
+        full = ta.t.traces[rank]
+        ta.t.traces[rank] = full[full["cat"] != sync_id]
+        tb = ta.get_temporal_breakdown(visualize=False)
+        ta.t.traces[rank] = full
+        out["temporal_without_cuda_sync"] = {k: float(tb.iloc[0][k]) for k in tb.columns}
     launch = timed("cuda_kernel_launch_stats", lambda: ta.get_cuda_kernel_launch_stats(
         ranks=[rank], visualize=False))[rank]
     on_copy = launch[launch["correlation"].isin(memcpy["correlation"])]
@@ -410,15 +417,16 @@ def table(trace: str, raw: dict, hta: dict, md: dict, times: dict) -> str:
                  " / ".join(fmt(hid[c]) for c in cats) + f" ({len(hta['idle'])} streams)",
                  ", ".join(idle_md) or "TODO (GPU idle time per sync)"))
     t = hta["temporal"]
+    spans = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
     rows.append(("temporal breakdown: idle / compute / non-compute / span (us)",
                  f"X events' span {fmt(raw['span_us'])}; all events' {fmt(raw['all_span_us'])}",
-                 " / ".join(fmt(t[k]) for k in ("idle_time(us)", "compute_time(us)",
-                                                "non_compute_time(us)", "kernel_time(us)")),
+                 " / ".join(fmt(t[k]) for k in spans),
                  f"trace span {fmt(md['summary']['total_ns'] / 1e3)}"))
     cs = hta["cuda_sync_rows_as_gpu_busy"]
     if cs["count"]:
         rows.append(("cuda_sync events counted as GPU busy time", "-",
-                     f"{cs['count']} / {fmt(cs['dur'])} us", "-"))
+                     f"{cs['count']} / {fmt(cs['dur'])} us; the breakdown without them: "
+                     + " / ".join(fmt(hta["temporal_without_cuda_sync"][k]) for k in spans), "-"))
     c = hta["critical_path"]
     rows.append(("critical path (first ProfilerStep): sync edges / on the path / their time; bound by",
                  "-", c.get("skipped") or c.get("error") or
