@@ -28,7 +28,6 @@ from .core.defaults import (DEFAULT_CALIBRATED_PROFILE, DEFAULT_DEVICE, DEFAULT_
                             DEFAULT_TRACE_PATH, DEFAULT_TRANSFER_LOG, DEVICE_CHOICES,
                             EXIT_GATE_FAILED, EXIT_USAGE, REGION_CALLS_TRACED, SORT_KEYS,
                             TIMELINE_EVENTS)
-from .kineto.sniff import is_kineto_file
 from .core.trace import Trace
 from .core.units import parse_bytes
 from .render.explain import FORMATS as EXPLAIN_FORMATS, render_explain, render_logs
@@ -36,7 +35,8 @@ from .render.text import render_reports
 from .run.config import GateConfig, load_config, merge
 from .run.gating import CHECK_FORMATS, gate_traces
 from .run.rankenv import rank_path
-from .run.traces import InputError, load_all, load_traces, write_text
+from .kineto.sniff import is_kineto_file
+from .run.traces import InputError, load_traces, write_text
 
 if TYPE_CHECKING:
     from .run.profile import ProfilePlan
@@ -125,6 +125,14 @@ def _et_option(f):
         help="An ExecutionTraceObserver file of the same run as a torch.profiler TRACE: "
              "producers by tensor ids, not inferred. One per such TRACE (paired by process "
              "id, else in order); repeatable.")(f)
+
+
+def _mixed_option(f):
+    """--allow-mixed, for the commands that read several traces as one run's ranks."""
+    return click.option(
+        "--allow-mixed", is_flag=True,
+        help="Read several traces together even when they are not the ranks of one run "
+             "(another device, world size, command or start, or the same rank twice).")(f)
 
 
 def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
@@ -262,21 +270,24 @@ def _profile_ranks(plan: ProfilePlan, n: int) -> int:
 
 
 @cli.command()
-@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, type=click.Path())
 @click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
               show_default=True, help="Event Summary order.")
 @_et_option
-def report(traces: tuple[str, ...], sort: str, execution_traces: tuple[str, ...]) -> None:
+@_mixed_option
+def report(traces: tuple[str, ...], sort: str, execution_traces: tuple[str, ...],
+           allow_mixed: bool) -> None:
     """Print the Profiling Report of saved TRACES (default: the one `profile` last wrote
     here, or its rank traces); runs nothing. Several traces: one report each, in rank
     order."""
     with _usage_errors():
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces,
+                                    allow_mixed)
     click.echo(render_reports(loaded, names, sort))
 
 
 @cli.command()
-@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(EXPLAIN_FORMATS), default="text",
               show_default=True, help="Output format.")
 @click.option("--log", is_flag=True,
@@ -291,9 +302,10 @@ def report(traces: tuple[str, ...], sort: str, execution_traces: tuple[str, ...]
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default=DEFAULT_DEVICE,
               show_default=True, help="With --verify: the device its runs use.")
 @_et_option
+@_mixed_option
 def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | None,
             verify_script: str | None, device: str,
-            execution_traces: tuple[str, ...]) -> None:
+            execution_traces: tuple[str, ...], allow_mixed: bool) -> None:
     """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
     last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
     them, largest saving first. Runs nothing and needs no GPU.
@@ -317,7 +329,8 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
                                            checked.dropped, checked.not_worth_it, fmt, cwd),
                        nl=False)
             return
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces,
+                                    allow_mixed)
         if log:
             click.echo(render_logs(loaded, names, cwd), nl=False)
             return
@@ -330,10 +343,11 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
 
 
 @cli.command()
-@click.argument("before", type=click.Path(dir_okay=False))
-@click.argument("after", type=click.Path(dir_okay=False))
+@click.argument("before", type=click.Path())
+@click.argument("after", type=click.Path())
 @_et_option
-def diff(before: str, after: str, execution_traces: tuple[str, ...]) -> None:
+@_mixed_option
+def diff(before: str, after: str, execution_traces: tuple[str, ...], allow_mixed: bool) -> None:
     """Compare two saved traces: total time, each memcpy line, the event rows and the sync
     copy paths that changed.
 
@@ -343,11 +357,11 @@ def diff(before: str, after: str, execution_traces: tuple[str, ...]) -> None:
     --execution-trace, the ETs go with BEFORE's torch.profiler traces, then AFTER's."""
     from .run.ranks import diff_traces
     with _usage_errors():
-        click.echo(diff_traces(before, after, os.getcwd(), execution_traces))
+        click.echo(diff_traces(before, after, os.getcwd(), execution_traces, allow_mixed))
 
 
 @cli.command(name="import")
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, required=True, type=click.Path())
 @click.option("-o", "--output", metavar="PATH", default=DEFAULT_TRACE_PATH, show_default=True,
               help="Where to write the trace; with the ranks of one run, one file per rank "
                    "(trace.rank0.json, ...).")
@@ -357,15 +371,11 @@ def import_cmd(traces: tuple[str, ...], output: str, execution_traces: tuple[str
     measured on the GPU that recorded them (docs/kineto.md). Several TRACES must be the
     ranks of one run (their distributedInfo says which)."""
     with _usage_errors():
-        ours = [t for t in traces if not is_kineto_file(t)]
+        loaded, names = load_traces(traces, execution_traces)
+        ours = [n for n in names if not is_kineto_file(n)]
         if ours:
             raise UsageProblem(f"import: {ours[0]}: give torch.profiler traces (a "
                                "memcpy-doctor trace needs no import)")
-        loaded = load_all(list(traces), execution_traces)
-        ranks = [t.meta.rank for t in loaded]
-        if len(loaded) > 1 and (None in ranks or len(set(ranks)) != len(ranks)):
-            raise UsageProblem("import: several traces must be distinct ranks of one run "
-                               "(their distributedInfo gives no rank, or the same one)")
         for t in loaded:
             path = output if len(loaded) == 1 else rank_path(output, t.meta.rank)
             try:
@@ -378,15 +388,17 @@ def import_cmd(traces: tuple[str, ...], output: str, execution_traces: tuple[str
 
 
 @cli.command(name="check")
-@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, type=click.Path())
 @_gate_options
 @click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="text",
               show_default=True, help="Output format (github: workflow annotations).")
 @click.option("-o", "--output", metavar="PATH", default=None,
               help="Write the result here instead of stdout.")
 @_et_option
+@_mixed_option
 def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, config_path,
-              fmt: str, output: str | None, execution_traces: tuple[str, ...]) -> None:
+              fmt: str, output: str | None, execution_traces: tuple[str, ...],
+              allow_mixed: bool) -> None:
     """Gate a saved TRACE: thresholds (--max, [tool.memcpy-doctor]) and a baseline.
     Exit status 0: passed; 1: a gate failed; 2: usage error or unreadable input.
 
@@ -397,7 +409,8 @@ def check_cmd(traces: tuple[str, ...], limits, baseline, tolerances, allow, conf
         raise UsageProblem("nothing to check: give --max NAME=VALUE or --baseline, or set "
                            "[tool.memcpy-doctor] in pyproject.toml")
     with _usage_errors():
-        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces)
+        loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces,
+                                    allow_mixed)
         passed, text = gate_traces(loaded, names, config, fmt)
     _emit(text, output)
     sys.exit(0 if passed else EXIT_GATE_FAILED)

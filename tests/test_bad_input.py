@@ -109,9 +109,9 @@ def test_missing_directory_and_unreadable(tmp_path, monkeypatch):
     (tmp_path / "good.json").write_text(GOOD)
     for args in commands("missing.json", "good.json"):
         assert_one_line(*run(*args), "missing.json", "cannot read")
-    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir").mkdir()  # a folder is read as the traces in it: here, none
     for args in commands("adir", "good.json"):
-        assert_one_line(*run(*args), "adir", "is a directory")
+        assert_one_line(*run(*args), "adir", "a folder with no trace file in it")
     os.symlink("nowhere.json", "dangling.json")
     for args in commands("dangling.json", "good.json"):
         assert_one_line(*run(*args), "dangling.json")

@@ -120,7 +120,8 @@ def test_json_layout():
         "command": ["memcpy-doctor", "profile", "train.py"], "exit_status": 0,
         "ended_by": "completed", "memcpy_doctor_version": "", "untraced": [],
         "rank": None, "world_size": None, "wall_ns": None,
-        "imported_from": None, "light": False}
+        "imported_from": None, "light": False, "started_ns": None,
+        "distributed": None}
     summary = data["summary"]
     assert summary["total_ns"] == 10_000_000
     assert summary["computation_ns"] == 5_000_000

@@ -123,6 +123,14 @@ SIGNAL_DEFER_MAX_S = 1.0  # then it is acted on wherever it lands
 #: then again after SIGTERM before SIGKILL (a rank may be stuck in a collective).
 RANKS_GRACE_S = 5.0
 
+#: The device of a torch.profiler trace that names none (no deviceProperties).
+UNRECORDED_DEVICE = "a GPU (not recorded)"
+
+#: Traces read together are one run's ranks only if they began within this many seconds of
+#: each other: ranks profile the same steps, kept in step by their collectives, so they
+#: begin within seconds; another run is minutes or days away (run/traces.py one_run).
+RUN_START_SPREAD_S = 600
+
 #: `memcpy-doctor calibrate`: where the measured profile goes, the copy sizes (bytes) fitted
 #: per path, and how many times each measurement is repeated (the median is kept).
 DEFAULT_CALIBRATED_PROFILE = "memcpy_doctor_device.json"

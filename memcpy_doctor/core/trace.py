@@ -18,6 +18,7 @@ from .compiled import CompileInfo
 from .races import RaceRecord, race_from_dict
 from .defaults import SCHEMA_VERSION, UNKNOWN_DIRECTION
 from .fields import a_bool, a_list, a_str, an_int, an_object, bad
+from .meta import Meta, meta_from_dict
 from .site import Site, TraceError
 from .timeline import (EVENT_KINDS, EventTimeline, timeline_from_dict, timeline_json,
                        timeline_to_dict)
@@ -44,30 +45,6 @@ class OpRef:
     op: str
     device: str
     site: Site | None
-
-
-@dataclass
-class Meta:
-    device: str  # "cuda" or "sim"
-    simulated: bool
-    device_name: str
-    device_profile: dict[str, Any] | None
-    torch_version: str
-    command: list[str]
-    exit_status: int | None = None
-    # completed | exception | exit | interrupt | os._exit | a signal's name (SIGTERM, SIGHUP)
-    ended_by: str = "completed"
-    memcpy_doctor_version: str = ""
-    untraced: list[str] = field(default_factory=list)  # what the tracer could not see
-    # One of several ranks (torchrun, `profile --ranks`): RANK and WORLD_SIZE of the process;
-    # None for a single-process run and in traces written before these fields existed.
-    rank: int | None = None
-    world_size: int | None = None
-    wall_ns: int | None = None  # as traced; in no simulated figure (docs/sim-time.md)
-    imported_from: str | None = None  # a torch.profiler trace's file (kineto/reader.py)
-    #: recorded by `profile --light` (tracer/light.py): syncs only, no ops; False in older
-    #: traces
-    light: bool = False
 
 
 @dataclass
@@ -310,7 +287,7 @@ class Trace:
                 memcpy_all=_figure(mem["all"]), memcpy_async=_figure(mem["async"]),
                 memcpy_sync=_figure(mem["sync"]),
                 peak_device_memory_bytes=None if peak is None else an_int(peak))
-            trace = cls(meta=_meta(data["meta"]), summary=summary,
+            trace = cls(meta=meta_from_dict(data["meta"]), summary=summary,
                         events=[_event(e) for e in a_list(data["events"], "events")],
                         ops=[_op(o) for o in a_list(data["ops"], "ops")],
                         copies=[_copy(c) for c in a_list(data["copies"], "copies")],
@@ -365,28 +342,6 @@ class Trace:
 def load_trace(path: str | os.PathLike) -> Trace:
     """Load a saved trace (see Trace.load)."""
     return Trace.load(path)
-
-
-def _meta(d: Any) -> Meta:
-    d = an_object(d, "meta")
-    profile = d.get("device_profile")
-    status = d.get("exit_status")
-    rank, world_size = d.get("rank"), d.get("world_size")
-    return Meta(device=a_str(d["device"]), simulated=a_bool(d["simulated"], "meta.simulated"),
-                device_name=a_str(d["device_name"]),
-                device_profile=None if profile is None else an_object(profile, "device_profile"),
-                torch_version=a_str(d["torch_version"]),
-                command=[a_str(c) for c in a_list(d["command"], "meta.command")],
-                exit_status=None if status is None else an_int(status, "exit_status"),
-                ended_by=a_str(d.get("ended_by", "completed")),
-                memcpy_doctor_version=a_str(d.get("memcpy_doctor_version", "")),
-                untraced=[a_str(u) for u in a_list(d.get("untraced", []), "meta.untraced")],
-                rank=None if rank is None else an_int(rank, "meta.rank"),
-                world_size=None if world_size is None else an_int(world_size, "meta.world_size"),
-                wall_ns=None if d.get("wall_ns") is None else an_int(d["wall_ns"], "meta.wall_ns"),
-                imported_from=None if d.get("imported_from") is None
-                else a_str(d["imported_from"]),
-                light=a_bool(d.get("light", False), "meta.light"))
 
 
 def _thread(d: dict[str, Any]) -> str | None:

@@ -36,7 +36,7 @@ from .et import EtJoin, EtNodes, ExecutionTrace, parse_execution_trace
 from .events import KERNEL, OP, RUNTIME, Event, Events, as_events, one_line
 from .stacks import enclosing
 from .stream import read_array, read_json, read_whole
-from ..core.defaults import NO_STACK_NOTE
+from ..core.defaults import NO_STACK_NOTE, UNRECORDED_DEVICE
 from ..core.summary import summarize
 from ..core.trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
                     copy_event_name)
@@ -155,7 +155,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     wait_records = waits.records()
     rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records,
                        waits.extremes)
-    meta = _meta(data, source, found.has_python, waits.recorded)
+    meta = _meta(data, source, found.has_python, waits.recorded, events.start)
     if flow is not None:
         meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
                                    et.source)
@@ -289,7 +289,8 @@ def _consumer(ops: list[Event], at: int, site: Site | None,
     return OpRef(f"{op.name or ''} (inferred)", device, site)
 
 
-def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) -> Meta:
+def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool,
+          first_us: float | None) -> Meta:
     props = data.get("deviceProperties") or [{}]
     name = props[0].get("name") if isinstance(props[0], dict) else None
     untraced = [INFERRED_NOTE, SITES_NOTE if has_python else NO_STACK_NOTE]
@@ -297,13 +298,34 @@ def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool) 
         untraced.append("the trace holds no stream syncs (sampled?): only copies inside "
                         "aten::_local_scalar_dense are counted as waited for")
     dist = data.get("distributedInfo")
-    rank = dist.get("rank") if isinstance(dist, dict) else None
-    size = dist.get("world_size") if isinstance(dist, dict) else None
+    dist = dist if isinstance(dist, dict) else {}
+    rank, size = dist.get("rank"), dist.get("world_size")
     ranked = type(rank) is int and type(size) is int and size > 1
-    return Meta(device="cuda", simulated=False, device_name=name or "a GPU (not recorded)",
+    shared = {k: dist[k] for k in _RUN_WIDE if isinstance(dist.get(k), (str, int))}
+    return Meta(device="cuda", simulated=False, device_name=name or UNRECORDED_DEVICE,
                 device_profile=None, torch_version="", command=[], untraced=untraced,
                 rank=rank if ranked else None, world_size=size if ranked else None,
-                imported_from=source)
+                imported_from=source, started_ns=_started_ns(data, first_us),
+                distributed=shared or None)
+
+
+#: distributedInfo fields that every rank of one run has alike (pg_config, the process
+#: groups a rank is in, may differ between ranks)
+_RUN_WIDE = ("backend", "world_size", "nccl_version")
+#: timestamps past this many microseconds are since the Unix epoch (2001 on), not relative
+_EPOCH_US = 1e15
+
+
+def _started_ns(data: dict, first_us: float | None) -> int | None:
+    """When the trace's first event began, in ns since the Unix epoch: Kineto writes its
+    timestamps relative to `baseTimeNanoseconds` where it writes that field, absolute (us
+    since the epoch) before; None when neither holds."""
+    if first_us is None:
+        return None
+    base = data.get("baseTimeNanoseconds")
+    if type(base) is int and base > 0:
+        return base + round(first_us * 1000)
+    return round(first_us * 1000) if first_us >= _EPOCH_US else None
 
 
 def _event_rows(events: Events, device_in_op: _DeviceInOp, copies: list[CopyRecord],

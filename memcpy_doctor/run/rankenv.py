@@ -6,7 +6,8 @@ its own trace, named by its global RANK: `-o trace.json` becomes `trace.rank0.js
 `trace.rank1.json`, ... (the rank goes before the last extension, or at the end when there is
 none). A run of one process (no WORLD_SIZE, or WORLD_SIZE=1) keeps the name as given.
 
-`explain`, `check` and `diff` take the rank traces back with `expand_traces`: a glob, or the
+`explain`, `check` and `diff` take the rank traces back with `expand_traces`: a glob, a
+folder (what torch.profiler's `tensorboard_trace_handler` writes: one file per rank), or the
 name `profile` was given (`trace.json` stands for its `trace.rank*.json` when it does not
 exist itself).
 """
@@ -21,6 +22,8 @@ from typing import Mapping
 
 #: The name part that marks a rank's trace: `trace.rank3.json`.
 RANK_TAG = ".rank"
+#: The files of a folder that are read as traces (torch.profiler's `.pt.trace.json`, ours).
+TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 class RankError(ValueError):
@@ -85,13 +88,21 @@ def _natural(path: str) -> list:
 
 
 def expand_traces(args: list[str]) -> list[str]:
-    """The trace files `args` name, in order: a file that exists is itself; a glob pattern is
-    its matches (in natural order); a missing file that has rank traces beside it is those.
-    Anything else is kept, so that loading it names the problem. RankError (a usage
-    error) when a pattern matches nothing."""
+    """The trace files `args` name, in order: a file that exists is itself; a folder is the
+    `.json` and `.json.gz` files in it, a glob pattern its matching files (both in natural
+    order); a missing file that has rank traces beside it is those. Anything else is kept,
+    so that loading it names the problem. RankError (a usage error) when a pattern or a
+    folder holds no trace file."""
     out: list[str] = []
     for arg in args:
-        if os.path.exists(arg):
+        if os.path.isdir(arg):
+            found = sorted((os.path.join(arg, n) for n in os.listdir(arg)
+                            if n.endswith(TRACE_SUFFIXES)
+                            and os.path.isfile(os.path.join(arg, n))), key=_natural)
+            if not found:
+                raise RankError(f"{arg}: a folder with no trace file in it (.json, .json.gz)")
+            out.extend(found)
+        elif os.path.exists(arg):
             out.append(arg)
         elif glob.has_magic(arg):
             matches = sorted((m for m in glob.glob(arg) if os.path.isfile(m)), key=_natural)

@@ -144,13 +144,14 @@ def explain_traces(traces: list[Trace], names: list[str], fmt: str, cwd: str,
 
 
 def diff_traces(before: str, after: str, cwd: str,
-                execution_traces: tuple[str, ...] = ()) -> str:
+                execution_traces: tuple[str, ...] = (), allow_mixed: bool = False) -> str:
     """`diff BEFORE AFTER`, where each may stand for the traces of several ranks: two single
     traces are compared as they are; otherwise rank K with rank K (when both sides have as
     many), then all ranks merged, and a side whose ranks differ is flagged. The torch.profiler
     traces of both sides take `execution_traces` (see traces.load_all). InputError when a
-    side names no readable trace."""
-    (b, b_names), (a, a_names) = load_trace_groups([(before,), (after,)], execution_traces)
+    side names no readable trace, or traces of several runs unless `allow_mixed`."""
+    (b, b_names), (a, a_names) = load_trace_groups([(before,), (after,)], execution_traces,
+                                                   allow_mixed)
     if len(b) == 1 and len(a) == 1:
         return render_diff(compare(b[0], a[0]), b_names[0], a_names[0], cwd)
     pairs = [compare(x, y) for x, y in zip(b, a)] if len(b) == len(a) else None

@@ -12,12 +12,22 @@ takes the ET recorded by the same process: the one whose `pid` is that of the tr
 when exactly one is; otherwise the ETs go with the torch.profiler traces in the order both
 are given (`diff`: BEFORE's, then AFTER's). A pair that is not of one run is refused when the
 two are joined.
+
+Several traces read together are the ranks of one run (`one_run`): each with its own rank,
+alike in what every rank of a run shares (simulated or measured, the device, the world size,
+torch.profiler's run-wide `distributedInfo`, the command), begun within RUN_START_SPREAD_S of
+each other. Files of different runs are refused with one line naming the difference, unless
+the user says `--allow-mixed`.
 """
 
 from __future__ import annotations
 
+import re
+import time
+
+from ..core.defaults import RUN_START_SPREAD_S, UNRECORDED_DEVICE
 from ..kineto.sniff import is_kineto_file
-from ..core.trace import Trace, TraceError
+from ..core.trace import Meta, Trace, TraceError
 from .rankenv import RankError, expand_traces
 
 
@@ -42,20 +52,22 @@ def load_trace(path: str) -> Trace:
 
 
 def load_traces(args: tuple[str, ...] | list[str],
-                execution_traces: tuple[str, ...] | list[str] = ()
-                ) -> tuple[list[Trace], list[str]]:
-    """The traces `args` name (globs and rank traces expanded) and their file names, in rank
-    order when every one has a rank, so that rank K of one run meets rank K of another; the
-    torch.profiler ones joined to `execution_traces` (see the module docstring). InputError
-    when a glob matches nothing or a trace cannot be read."""
-    return load_trace_groups([args], execution_traces)[0]
+                execution_traces: tuple[str, ...] | list[str] = (),
+                allow_mixed: bool = False) -> tuple[list[Trace], list[str]]:
+    """The traces `args` name (folders, globs and rank traces expanded) and their file names,
+    in rank order when every one has a rank, so that rank K of one run meets rank K of
+    another; the torch.profiler ones joined to `execution_traces` (see the module
+    docstring). InputError when a glob or folder holds no trace, a trace cannot be read, or
+    several are not the ranks of one run (one_run) and `allow_mixed` is not given."""
+    return load_trace_groups([args], execution_traces, allow_mixed)[0]
 
 
 def load_trace_groups(groups: list[tuple[str, ...] | list[str]],
-                      execution_traces: tuple[str, ...] | list[str] = ()
-                      ) -> list[tuple[list[Trace], list[str]]]:
+                      execution_traces: tuple[str, ...] | list[str] = (),
+                      allow_mixed: bool = False) -> list[tuple[list[Trace], list[str]]]:
     """load_traces for several groups of arguments (diff's two sides), which share the
-    execution traces: the ETs go with the torch.profiler traces of all groups in turn."""
+    execution traces: the ETs go with the torch.profiler traces of all groups in turn. Each
+    group must be one run's ranks unless `allow_mixed`."""
     try:
         named = [expand_traces(list(args)) for args in groups]
     except RankError as e:
@@ -64,6 +76,8 @@ def load_trace_groups(groups: list[tuple[str, ...] | list[str]],
     out = []
     for names in named:
         traces, flat = flat[:len(names)], flat[len(names):]
+        if not allow_mixed:
+            one_run(traces, names)
         if len(traces) > 1 and all(t.meta.rank is not None for t in traces):
             order = sorted(range(len(traces)), key=lambda i: traces[i].meta.rank)
             traces, names = [traces[i] for i in order], [names[i] for i in order]
@@ -107,6 +121,60 @@ def load_all(names: list[str], execution_traces: tuple[str, ...] | list[str] = (
         return out
     except TraceError as e:
         raise InputError(str(e)) from None
+
+
+def one_run(traces: list[Trace], names: list[str]) -> None:
+    """InputError, one line naming the first difference found, unless `traces` (at `names`)
+    can be the ranks of one run: see the module docstring."""
+    for i in range(1, len(traces)):
+        for j in range(i):
+            why = _not_one_run(traces[j].meta, traces[i].meta)
+            if why:
+                raise InputError(f"{names[j]} and {names[i]} are not the ranks of one run: "
+                                 f"{why} (give one run's traces, or --allow-mixed to read "
+                                 "them together all the same)")
+
+
+#: An argument that torch.distributed.launch gives each rank its own value of.
+_LOCAL_RANK_ARG = re.compile(r"--local[-_]rank(=.*)?\Z")
+
+
+def _not_one_run(a: Meta, b: Meta) -> str:
+    """How the runs of two traces' metas differ ("" when they may be one run's ranks)."""
+    if a.simulated != b.simulated:
+        return "one was simulated, the other measured on a GPU"
+    if a.device_name != b.device_name and UNRECORDED_DEVICE not in (a.device_name,
+                                                                      b.device_name):
+        return f"device {a.device_name} vs {b.device_name}"
+    if None not in (a.world_size, b.world_size) and a.world_size != b.world_size:
+        return f"world size {a.world_size} vs {b.world_size}"
+    for key in sorted(set(a.distributed or {}) & set(b.distributed or {})):
+        if a.distributed[key] != b.distributed[key]:
+            return f"distributedInfo {key} {a.distributed[key]} vs {b.distributed[key]}"
+    own = [[c for c in m.command if not _LOCAL_RANK_ARG.match(c)] for m in (a, b)]
+    if all(own) and own[0] != own[1]:
+        return f"command `{' '.join(own[0])}` vs `{' '.join(own[1])}`"
+    if a.rank is None or b.rank is None:
+        return "a trace without a rank (a run of one process)"
+    if a.rank == b.rank:
+        return f"both are rank {a.rank}"
+    if None not in (a.started_ns, b.started_ns):
+        apart = abs(a.started_ns - b.started_ns) / 1e9
+        if apart > RUN_START_SPREAD_S:
+            return (f"begun {_span(apart)} apart ({_when(a.started_ns)} vs "
+                    f"{_when(b.started_ns)})")
+    return ""
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _when(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
 
 
 def write_text(text: str, path: str) -> None:

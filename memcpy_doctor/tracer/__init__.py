@@ -18,7 +18,7 @@ import functools
 import sys
 import threading
 from contextlib import ExitStack, contextmanager
-from time import perf_counter_ns
+from time import perf_counter_ns, time_ns
 from typing import Any, Callable, Iterator
 
 import torch
@@ -112,6 +112,7 @@ class Tracer:
         self._stack: ExitStack | None = None
         self._state: ThreadContext | None = None  # the tracing thread's context
         self._start_ns = 0
+        self._started_at = None  # wall clock (ns since the epoch) at start
         self._sim: SimDevice | None = None
         self._siblings: list[ThreadContext] = []  # the contexts of other traced threads
         #: the running ones, by thread ident (the simulated device reads it too)
@@ -189,6 +190,7 @@ class Tracer:
             raise
         self._stack = stack
         run = state.run
+        self._started_at = time_ns()
         self._start_ns = run.start_ns = perf_counter_ns()
         if run.timer is not None:
             run.timer.start(0)  # device spans are placed from here, the host clock's 0
@@ -343,7 +345,8 @@ class Tracer:
             device_name=self.profile.name if simulated else torch.cuda.get_device_name(),
             device_profile=self.profile.to_dict() if simulated else None,
             torch_version=torch.__version__, command=self.command,
-            memcpy_doctor_version=__version__, wall_ns=end_ns - self._start_ns)
+            memcpy_doctor_version=__version__, wall_ns=end_ns - self._start_ns,
+            started_ns=self._started_at)
         meta.untraced += notes
         transfers = self._transfers.records() if self._transfers is not None else []
         if self._transfers is not None and self._transfers.dropped:

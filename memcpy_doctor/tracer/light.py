@@ -38,7 +38,7 @@ import sys
 import threading
 import warnings
 from contextlib import ExitStack, nullcontext
-from time import perf_counter_ns
+from time import perf_counter_ns, time_ns
 from typing import Any, Callable
 
 import torch
@@ -284,6 +284,7 @@ class LightTracer:
         self._abandon_modes = False  # (stop's argument, for the simulated GPU's tracer)
         self._peaks_before: list[int] = []
         self._start_ns = 0
+        self._started_at = None  # wall clock (ns since the epoch) at start
 
     def start(self) -> LightTracer:
         register(self)
@@ -298,6 +299,7 @@ class LightTracer:
                 stack.callback(self._stop_sim)
             else:
                 self._peaks_before = device_peaks()
+            self._started_at = time_ns()
             self._start_ns = perf_counter_ns()
             self.hooks = stack.enter_context(LightHooks(self._start_ns,
                                                         sim=self._sim is not None))
@@ -360,7 +362,7 @@ class LightTracer:
                     device_profile=self.profile.to_dict() if simulated else None,
                     torch_version=torch.__version__, command=self.command,
                     memcpy_doctor_version=__version__, wall_ns=wall, untraced=notes,
-                    light=True)
+                    light=True, started_ns=self._started_at)
         return Trace(meta=meta, summary=summarize(wall, events, copies, peak), events=events,
                      ops=[], copies=copies, waits=waits,
                      timeline=self.hooks.events.timeline([], copies, waits))
