@@ -121,6 +121,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     waits = _Waits(events)
     device_in_op = _DeviceInOp(events)
     copies = _Copies(events.start)
+    unpaired = 0  # scalar reads with no stream sync: PyTorch makes one, the trace lost it
     for around in found.copies(waits.stream_sync):
         e, call, ops = around.copy, around.call, around.ops
         direction = _direction(e.name or "")
@@ -136,7 +137,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
                 sync, host_ns = True, host_ns + around.wait_ns
                 waits.use(around.wait)
             elif not waits.recorded and ops and ops[-1].name == _SCALAR_READ:
-                sync = True
+                sync, unpaired = True, unpaired + 1
         if call is not None and pinned is False:  # pageable memory: CUDA returns from
             sync = True  # cudaMemcpyAsync once a copy into it is done, or one from it is
             # staged, the host blocked all the while (docs/cuda-semantics.md)
@@ -155,7 +156,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     wait_records = waits.records()
     rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records,
                        waits.extremes)
-    meta = _meta(data, source, found.has_python, waits.recorded, events.start)
+    meta = _meta(data, source, found.has_python, unpaired, events.start)
     if flow is not None:
         meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
                                    et.source)
@@ -289,14 +290,17 @@ def _consumer(ops: list[Event], at: int, site: Site | None,
     return OpRef(f"{op.name or ''} (inferred)", device, site)
 
 
-def _meta(data: dict, source: str, has_python: bool, sync_calls_recorded: bool,
+def _meta(data: dict, source: str, has_python: bool, unpaired: int,
           first_us: float | None) -> Meta:
     props = data.get("deviceProperties") or [{}]
     name = props[0].get("name") if isinstance(props[0], dict) else None
     untraced = [INFERRED_NOTE, SITES_NOTE if has_python else NO_STACK_NOTE]
-    if not sync_calls_recorded:
-        untraced.append("the trace holds no stream syncs (sampled?): only copies inside "
-                        "aten::_local_scalar_dense are counted as waited for")
+    if unpaired:  # a trace without syncs is complete unless one is missing where PyTorch
+        # always makes one (memcpy_and_sync in _local_scalar_dense)
+        untraced.append(f"the trace holds no stream syncs, though PyTorch makes one after each "
+                        f"of its {unpaired} scalar reads (aten::_local_scalar_dense): its "
+                        "runtime calls were filtered or sampled; those reads count as waited "
+                        "for, their wait untimed, and other waits are not seen")
     dist = data.get("distributedInfo")
     dist = dist if isinstance(dist, dict) else {}
     rank, size = dist.get("rank"), dist.get("world_size")
