@@ -27,7 +27,7 @@ For each trace, each in a SEPARATE subprocess, timed (wall) with its peak RSS (o
         edges), and the memcpy rows HTA keeps in its DataFrame;
   md    `memcpy-doctor import TRACE -o X.json` (X.json read back: copies, waits) and
         `memcpy-doctor report TRACE`.
-Times are the median of --repeat runs; peak RSS the largest. All durations are in us.
+Wall and CPU times are the median of --repeat runs; peak RSS the largest. Durations in us.
 
 --include-last-step passes include_last_profiler_step=True to HTA (by default HTA drops the
 last ProfilerStep). --shift-ts F and --drop-copy-launches run all three on a DERIVED copy of
@@ -209,7 +209,7 @@ def child_hta(path: str, include_last: bool) -> dict:
                                         "dur": float(sync_rows["dur"].sum())}
 
     bw = timed("memory_bw_summary", lambda: ta.get_memory_bw_summary(ranks=[rank]))
-    out["memory_bw"] = {} if bw is None else {
+    out["memory_bw"] = {} if bw is None or bw.empty else {  # empty: no Kineto bandwidth args
         n: {k: float(bw.loc[(rank, n), ("memory_bw_gbps", k)]) for k in ("count", "mean", "min", "max")}
         for n in bw.index.get_level_values("name")}
     _, kernels = timed("gpu_kernel_breakdown", lambda: ta.get_gpu_kernel_breakdown(
@@ -263,25 +263,25 @@ def critical_path(ta, rank: int, timed) -> dict:
 
 
 # ---------------------------------------------------------------- parent
-def run_child(cmd: list) -> tuple[float, float, str]:
-    """Run cmd; return its wall seconds, its peak RSS in MiB (with its children), its stderr."""
+def run_child(cmd: list) -> tuple[float, float, float]:
+    """Run cmd; return its wall seconds, its CPU seconds and its peak RSS in MiB."""
     with tempfile.TemporaryFile() as err:
         t = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        text = err.read().decode(errors="replace")
-    if p.returncode:
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{text[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, text
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        if p.returncode:
+            err.seek(0)
+            raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n"
+                             + err.read().decode(errors="replace")[-3000:])
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def measure(cmd: list, repeat: int) -> dict:
     runs = [run_child(cmd) for _ in range(repeat)]
-    return {"wall_s": statistics.median(r[0] for r in runs),
-            "peak_rss_mib": max(r[1] for r in runs), "command": " ".join(cmd)}
+    return {"wall_s": statistics.median(r[0] for r in runs), "cpu_s": statistics.median(
+        r[1] for r in runs), "peak_rss_mib": max(r[2] for r in runs), "command": " ".join(cmd)}
 
 
 def derive(path: Path, tmp: str, shift: float | None, drop_launches: bool) -> Path:
@@ -434,7 +434,8 @@ def table(trace: str, raw: dict, hta: dict, md: dict, times: dict) -> str:
                  + ", ".join(f"{k} {v}%" for k, v in c["bound_by_pct"].items() if v), "-"))
     rows.append(("ProfilerSteps: in trace / analysed", ", ".join(raw["profiler_steps"]) or "none",
                  ", ".join(map(str, hta["profiler_steps"])) or "none", "all events"))
-    for label, key in (("wall time, s (median)", "wall_s"), ("peak RSS, MiB", "peak_rss_mib")):
+    for label, key in (("wall time, s (median)", "wall_s"), ("CPU time (user+sys), s (median)",
+                                                             "cpu_s"), ("peak RSS, MiB", "peak_rss_mib")):
         rows.append((label, f"{times['raw'][key]:.2f}", f"{times['hta'][key]:.2f}",
                      f"import {times['md_import'][key]:.2f}; report {times['md_report'][key]:.2f}"))
     ph = hta["phases_s"]
