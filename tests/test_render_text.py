@@ -103,6 +103,13 @@ def test_summary_lines():
         # the mm's calls, the commonest count of the device ops)
         "  GpuMemcpySync per step Calls: 1.4         Total: 0.3         Steps: 10, estimated "
         "(setup and one-off: 0 calls, 0)",
+        # (issue 43) each copy path's rate beside the device profile's figure for it
+        "  Copy path      Calls    Sync    Bytes    Device time    GB/s     Profile GB/s",
+        "  HtoD pageable  4        4       4.0 KiB  0.5            0.00819  12 (0.068%)",
+        "  DtoH pageable  10       10      40 B     0.1            0.0004   10 (0.004%)",
+        "  DtoH pinned    5        0       1.9 MiB  0.5            4        25 (16%)",
+        "  (GB/s: bytes over the copies' device time; profile: a100-sxm4-80gb, shipped for "
+        "NVIDIA A100-SXM4-80GB)",
     ]
 
 
@@ -332,7 +339,7 @@ def test_no_peak_line_where_the_peak_is_not_known():
 
 def test_pageable_non_blocking_line_in_the_memcpy_summary():
     assert section(render_text(peak_and_pageable_trace(), cwd=PROJECT_DIR),
-                   "GpuMemCpy Summary")[4:] == [
+                   "GpuMemCpy Summary")[4:5] == [
         "  4 sync CPU->GPU copies asked non_blocking=True from pageable memory: the host "
         "stages pageable memory, so they block; pin the source"]
     trace = peak_and_pageable_trace()
@@ -354,9 +361,10 @@ def test_pageable_non_blocking_line_counts_only_sync_host_to_device_from_pageabl
               copy("HtoD", False, True, True, 40), copy("DtoH", True, False, True, 80)]
     summary = section(render_text(make_trace(copies=copies), cwd=PROJECT_DIR),
                       "GpuMemCpy Summary")
-    assert summary[4:] == [
+    assert summary[4:5] == [
         "  5 sync CPU->GPU copies asked non_blocking=True from pageable memory: the host "
         "stages pageable memory, so they block; pin the source"]
     no_line = section(render_text(make_trace(copies=copies[2:]), cwd=PROJECT_DIR),
                       "GpuMemCpy Summary")
-    assert len(no_line) == 4 and not any("non_blocking" in line for line in no_line)
+    assert no_line[4].split()[:2] == ["Copy", "path"]
+    assert not any("non_blocking" in line for line in no_line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..analysis.steady import StepSplit, estimate_steps, split_sync
 from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..analysis.attribution import user_site
+from ..analysis.bandwidth import path_rates, reference
 from ..core.paths import format_site
 from ..core.races import RaceRecord
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
@@ -131,6 +132,35 @@ def _pageable_non_blocking_line(copies: list[CopyRecord]) -> list[str]:
             f"{'they block' if many else 'it blocks'}; pin the source"]
 
 
+def gbps(bps: float | None) -> str:
+    """Bytes per second as GB/s (10^9 bytes), three significant digits; "-" for none."""
+    return "-" if bps is None else f"{bps / 1e9:.3g}"
+
+
+def _share(ratio: float) -> str:
+    """A share as a percentage: whole from 10% up, two significant digits below."""
+    return f"{ratio:.0%}" if ratio >= 0.1 else f"{ratio * 100:.2g}%"
+
+
+def _path_lines(trace: Trace) -> list[str]:
+    """The GpuMemCpy Summary's copy paths: each path's calls, bytes, device time and GB/s,
+    beside the device profile's figure for it (analysis/bandwidth.py)."""
+    ref = reference(trace)
+    paths = path_rates(trace, ref)
+    if not paths:
+        return []
+    rows = [[p.name, str(p.calls), str(p.sync_calls), _size(p.bytes), _ms(p.device_ns),
+             gbps(p.bps), "-" if p.reference_bps is None else
+             f"{gbps(p.reference_bps)} ({_share(p.bps / p.reference_bps)})" if p.bps else
+             gbps(p.reference_bps)] for p in paths]
+    where = ("none for this GPU" if ref is None else f"{ref.name}, the one the times were modeled with" if ref.modeled
+             else f"{ref.name}, shipped for {trace.meta.device_name}")
+    table = plain_table(rows, ["Copy path", "Calls", "Sync", "Bytes", "Device time", "GB/s",
+                               "Profile GB/s"])
+    return ["", *("  " + line for line in table.splitlines()),
+            f"  (GB/s: bytes over the copies' device time; profile: {where})"]
+
+
 def _per_step_line(split: StepSplit) -> str:
     """The GpuMemCpy Summary's one line beyond Paddle's: the sync copies of one step."""
     setup = f"setup and one-off: {split.setup_calls} calls, {_ms(split.setup_ns)}"
@@ -222,6 +252,7 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     split = split_sync(trace)
     lines.append(_per_step_line(split))
     lines += _pageable_non_blocking_line(trace.copies)
+    lines += _path_lines(trace)
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
               "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
     if trace.races:
