@@ -227,3 +227,26 @@ def test_an_imported_report_shows_no_time_split_it_did_not_measure(tmp_path):
     assert ("Total time: 0.52 (the trace's span, first event to last; torch.profiler does not "
             "split it into computation and framework overhead)") in r.stdout.splitlines()
     assert "Computation time" not in r.stdout and "Framework overhead" not in r.stdout
+
+
+def test_no_consumer_is_guessed_for_an_upload_and_no_kernel_name_is_an_op():
+    """(issue 43) The next kernel on an upload's stream need not read it (a100_alexnet's
+    parameter uploads were "read by aten::uniform_"); a kernel that no op launched, and a
+    copy with no CPU launch, name no producer."""
+    events = [_gpu("kernel", "void at::native::vectorized_elementwise_kernel<4>", 0, 10, 9),
+              _gpu("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 20, 2, 10, bytes=4),
+              _x("cpu_op", "aten::to", 30, 20),
+              _x("cuda_runtime", "cudaMemcpyAsync", 32, 5, correlation=11),
+              _gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 40, 2, 11, bytes=64),
+              _x("cpu_op", "aten::uniform_", 60, 10),
+              _x("cuda_runtime", "cudaLaunchKernel", 62, 5, correlation=12),
+              _gpu("kernel", "uniform_kernel", 70, 5, 12)]
+    t = from_kineto({"schemaVersion": 1, "traceEvents": events}, "k.json")
+    assert sorted((c.direction, c.producer, c.consumer) for c in t.copies) == [
+        ("DtoH", None, None), ("HtoD", None, None)]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kineto is not here")
+def test_the_alexnet_parameter_uploads_have_no_guessed_reader():
+    t = load_any(os.fspath(SHARED / "a100_alexnet.json.gz"))
+    assert [(c.direction, c.calls, c.consumer) for c in t.copies] == [("HtoD", 16, None)]

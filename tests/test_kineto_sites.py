@@ -86,7 +86,8 @@ def test_sites_producers_and_consumers_map_exactly():
     assert got["nonzero"] == (lib, [lib, module],
                               OpRef("aten::sum (inferred)", "cuda", step),
                               OpRef("aten::index (inferred)", "cpu", lib))
-    assert got["to"] == (module, [module], None, OpRef("aten::mm (inferred)", "cuda", module))
+    # an upload's consumer is not guessed: the next kernel on its stream need not read it
+    assert got["to"] == (module, [module], None, None)
     assert [user_site(c) for c in t.copies if c.trigger == "nonzero"] == [module]
     assert SITES_NOTE in t.meta.untraced and NO_STACK_NOTE not in t.meta.untraced
     assert [(c.trigger, c.first_ns) for c in t.copies] == [

@@ -47,8 +47,10 @@ _WAITS = {"cudaStreamSynchronize": "stream_synchronize", "cudaDeviceSynchronize"
           "cudaEventSynchronize": "event_synchronize"}
 _SCALAR_READ = "aten::_local_scalar_dense"
 #: What an imported trace cannot tell, as the report's "Not traced" line says it.
-INFERRED_NOTE = ("producers and consumers are inferred (the kernel that ran before or after "
-                 "the copy on its stream; the op around its trigger), not read from tensor ids")
+INFERRED_NOTE = ("producers and consumers are inferred, not read from tensor ids: a copy's "
+                 "producer is the op whose kernel ran last before it on its stream, its "
+                 "consumer the op around its trigger; an upload's consumer is not guessed "
+                 "(the next kernel on its stream need not read it)")
 SITES_NOTE = ("call sites name the function that made each copy, at its first line "
               "(torch.profiler records Python functions, not lines)")
 #: Enclosing ops that name a copy's trigger, outermost meaning first.
@@ -145,8 +147,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
         sites = around.sites
         site = sites[0] if sites else None
         producer = found.inferred(around.before) if direction != "HtoD" else None
-        consumer = _consumer(ops, at, site, device_in_op) if at > 0 else (
-            found.inferred(around.after) if direction != "DtoH" else None)
+        consumer = _consumer(ops, at, site, device_in_op) if at > 0 else None
         exact = flow.ends(ops, at, direction) if flow is not None else None
         if exact is not None:  # by data flow, where the execution trace shows it
             producer, consumer = exact[0] or producer, exact[1] or consumer
@@ -279,7 +280,7 @@ def et_note(joined: int, linked: int, copies: int, et_source: str) -> str:
             + ("; those keep inferred producers (the kernel that ran before the copy on its "
                "stream; none for an upload)" if unwritten or outside else "")
             + "; consumers read from it where it shows an op reading the copy, else inferred "
-            "(the op around the trigger, or the next kernel on the stream)")
+            "(the op around the trigger; none for an upload)")
 
 
 def _consumer(ops: list[Event], at: int, site: Site | None,

@@ -42,27 +42,23 @@ class Enclosing:
             copy = record(row[:w])
             call = record(row[w:2 * w]) if row[w] is not None else None
             frame, wait, wait_ns = row[2 * w:2 * w + 3]
-            before, after = row[2 * w + 3:2 * w + 7], row[2 * w + 7:2 * w + 11]
-            at = 2 * w + 11
+            before = row[2 * w + 3:2 * w + 7]
+            at = 2 * w + 7
             ops = [record(row[at + i * w:at + (i + 1) * w]) for i in (2, 1, 0)
                    if row[at + i * w] is not None]
             above = row[at + 3 * w]  # ops around the third: walked up one by one
             if above is not None:
                 ops[:0] = [record(r) for r in events.query(_OPS, (above,))]
-            yield Around(copy, call, ops, self._frames(frame), wait, wait_ns, before, after)
+            yield Around(copy, call, ops, self._frames(frame), wait, wait_ns, before)
 
     def inferred(self, kernel: tuple) -> OpRef | None:
-        """The op that launched a kernel next to a copy (Around.before, .after): its call's
-        innermost cpu_op, or the kernel's own name when no op is recorded, labelled as
-        inferred (the trace does not say which tensors a kernel read or wrote)."""
+        """The op that launched the kernel before a copy (Around.before): its call's innermost
+        cpu_op, labelled as inferred (the trace does not say which tensors a kernel read or
+        wrote); None when no op is recorded (a kernel's name is not an op's)."""
         id_, kernel_name, op_name, frame = kernel
-        if id_ is None:
+        if id_ is None or op_name is None:  # (a kernel's own name is no op: issue 43)
             return None
-        names = self.events.names
-        if op_name is not None:
-            name = names[op_name] or ""
-        else:
-            name = (names[kernel_name] if names[kernel_name] is not None else "kernel")[:60]
+        name = self.events.names[op_name] or ""
         return OpRef(f"{name} (inferred)", "cuda", user_frame(self._frames(frame)))
 
     def op_sites(self, op: Event) -> list[Site]:
@@ -104,14 +100,13 @@ _OPS = ("WITH RECURSIVE up(id, depth) AS (SELECT ?1, 0 UNION ALL SELECT link.op,
         "ORDER BY up.depth DESC")
 #: Each gpu_memcpy event (in the trace's order) with its runtime call (by correlation id,
 #: the last call with it), the innermost frame around the call, the first stream sync (?1)
-#: on the call's thread from its end to its innermost op's end, the kernels that started
-#: last before it and first after it on its stream, each with its call's innermost op's
-#: name and frame, and the three innermost ops around the call (most copies have no more)
+#: on the call's thread from its end to its innermost op's end, the kernel that started
+#: last before it on its stream, with its call's innermost op's name and frame, and the three innermost ops around the call (most copies have no more)
 #: with the id of the op around the third.
 _COPIES = f"""
 SELECT {', '.join(f'm.{c}' for c in _EV)}, {', '.join(f'c.{c}' for c in _EV)},
   link.frame, q.wait, w.ns,
-  kb.id, kb.name, kbop.name, kbl.frame, ka.id, ka.name, kaop.name, kal.frame,
+  kb.id, kb.name, kbop.name, kbl.frame,
   {', '.join(f'o1.{c}' for c in _EV)}, {', '.join(f'o2.{c}' for c in _EV)},
   {', '.join(f'o3.{c}' for c in _EV)}, l3.op
 FROM (
@@ -119,9 +114,7 @@ FROM (
     (SELECT w.id FROM ev AS w WHERE w.k = {RUNTIME} AND w.th = c.th AND w.name = ?1
        AND w.ts BETWEEN c.ts + c.dur AND op.ts + op.dur ORDER BY w.id LIMIT 1) AS wait,
     (SELECT b.id FROM ev AS b WHERE b.k = {KERNEL} AND b.sk = m.sk AND b.ts < m.ts
-       ORDER BY b.ts DESC, b.id DESC LIMIT 1) AS before,
-    (SELECT a.id FROM ev AS a WHERE a.k = {KERNEL} AND a.sk = m.sk AND a.ts >= m.ts
-       ORDER BY a.ts, a.id LIMIT 1) AS after
+       ORDER BY b.ts DESC, b.id DESC LIMIT 1) AS before
   FROM ev AS m
   LEFT JOIN callof ON callof.corr = m.corr
   LEFT JOIN ev AS c ON c.id = callof.call
@@ -137,10 +130,6 @@ LEFT JOIN ev AS kb ON kb.id = q.before
 LEFT JOIN callof AS kbc ON kbc.corr = kb.corr
 LEFT JOIN link AS kbl ON kbl.id = kbc.call
 LEFT JOIN ev AS kbop ON kbop.id = kbl.op
-LEFT JOIN ev AS ka ON ka.id = q.after
-LEFT JOIN callof AS kac ON kac.corr = ka.corr
-LEFT JOIN link AS kal ON kal.id = kac.call
-LEFT JOIN ev AS kaop ON kaop.id = kal.op
 LEFT JOIN ev AS o1 ON o1.id = link.op
 LEFT JOIN link AS l1 ON l1.id = link.op
 LEFT JOIN ev AS o2 ON o2.id = l1.op
@@ -207,13 +196,12 @@ class Around:
     """What is around one copy (a gpu_memcpy event): its runtime call (None when the trace
     has none with its correlation id), the cpu_ops around the call (outermost first), the
     Python frames around it as sites (innermost first), the first stream sync after the
-    call inside its innermost op (`wait`, an event id, and `wait_ns`), and the kernels that
-    ran just before and after it on its stream (`before`, `after`: for
-    Enclosing.inferred)."""
+    call inside its innermost op (`wait`, an event id, and `wait_ns`), and the kernel that
+    ran just before it on its stream (`before`: for Enclosing.inferred)."""
 
-    __slots__ = ("copy", "call", "ops", "sites", "wait", "wait_ns", "before", "after")
+    __slots__ = ("copy", "call", "ops", "sites", "wait", "wait_ns", "before")
 
     def __init__(self, copy: Event, call: Event | None, ops: list[Event], sites: list[Site],
-                 wait: int | None, wait_ns: int | None, before: tuple, after: tuple) -> None:
+                 wait: int | None, wait_ns: int | None, before: tuple) -> None:
         self.copy, self.call, self.ops, self.sites = copy, call, ops, sites
-        self.wait, self.wait_ns, self.before, self.after = wait, wait_ns, before, after
+        self.wait, self.wait_ns, self.before = wait, wait_ns, before
