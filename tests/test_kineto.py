@@ -250,3 +250,12 @@ def test_no_consumer_is_guessed_for_an_upload_and_no_kernel_name_is_an_op():
 def test_the_alexnet_parameter_uploads_have_no_guessed_reader():
     t = load_any(os.fspath(SHARED / "a100_alexnet.json.gz"))
     assert [(c.direction, c.calls, c.consumer) for c in t.copies] == [("HtoD", 16, None)]
+
+
+def test_the_profilers_window_is_not_an_event_of_the_span():
+    """torch.profiler's `Trace` event is its recording window, which can run on seconds past
+    the last event (sampled_rank0: 3.37 s, with 2.08 s of events): the total is the events'."""
+    data = kineto_trace()
+    data["traceEvents"].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)",
+                                "ts": -100, "dur": 5000, "pid": "Traces", "tid": "PyTorch"})
+    assert from_kineto(data, "k.json").summary.total_ns == 520_000

@@ -137,6 +137,8 @@ class Events:
                 try:
                     cat = e.get("cat")
                     cats.add(cat)
+                    if cat == "Trace":  # the profiler's window, not an event in it
+                        continue
                     ts = float(e["ts"])
                     dur = e.get("dur")
                     dur = 0.0 if dur is None else float(dur)
