@@ -153,7 +153,8 @@ def _path_lines(trace: Trace) -> list[str]:
              gbps(p.bps), "-" if p.reference_bps is None else
              f"{gbps(p.reference_bps)} ({_share(p.bps / p.reference_bps)})" if p.bps else
              gbps(p.reference_bps)] for p in paths]
-    where = ("none for this GPU" if ref is None else f"{ref.name}, the one the times were modeled with" if ref.modeled
+    where = ("none for this GPU" if ref is None
+             else f"{ref.name}, the one the times were modeled with" if ref.modeled
              else f"{ref.name}, shipped for {trace.meta.device_name}")
     table = plain_table(rows, ["Copy path", "Calls", "Sync", "Bytes", "Device time", "GB/s",
                                "Profile GB/s"])
