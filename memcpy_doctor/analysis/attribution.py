@@ -96,6 +96,9 @@ class Explanation:
     #: the run's device memory peak (None: not known) and the budget explain was given
     peak_device_bytes: int | None = None
     device_memory_budget: int | None = None
+    #: why no edit is suggested (analysis/why_none.py; set by rules.suggest when it finds
+    #: none), in words; None while there are suggestions or none were sought
+    no_suggestions_reason: str | None = None
 
 
 def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:

@@ -12,6 +12,11 @@ first, where it comes from:
   machine without a GPU);
 otherwise no edit is offered (the advice says where to pin). Read from the file with `ast`;
 nothing is written.
+
+A copy with no frame of Python code around it (a torch.profiler profile recorded without
+with_stack) has no line to edit: it gets the same advice without a diff, saying what to
+change and what to look for (the op, calls and bytes), priced from the trace's own figures
+(`unplaced_suggestions`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import ast
 from dataclasses import dataclass
 
 from ..core.costmodel import DeviceProfile, profile_of
+from ..core.defaults import NO_STACK_NOTE
 from ..core.paths import format_site
+from ..core.units import format_value
 from ..core.trace import CopyRecord, Site, Trace
 from .attribution import Explanation, user_site
 from .edits import LineChange, indent_of, keyword_added, lines_change
@@ -186,7 +193,9 @@ class PinnedNonBlocking:
     with `non_blocking=True`, as one edit (analysis/pin_edits.py): the copy overlaps with
     the host's work; results are unchanged (the stream orders the copy before the ops that
     read it). All copies on one line, and every line fed by one DataLoader, are one edit.
-    Copies made once (setup: a model moved) are listed by explain, not "fixed".
+    Copies made once (setup: a model moved) are listed by explain, not "fixed": pinning
+    memory that is copied once costs the host a copy of its own. Uploads that no Python frame
+    places get advice without a diff (`unplaced_suggestions`).
     """
 
     name = "pinned-non-blocking"
@@ -197,22 +206,27 @@ class PinnedNonBlocking:
     def match(self, trace: Trace, explanation: Explanation, cwd: str | None) -> list[Suggestion]:
         by_line: dict[tuple, list[CopyRecord]] = {}
         advice = []
+        unplaced = []  # (no frame at all: a profile without Python stacks)
         for c in trace.copies:
-            if (c.direction != "HtoD" or c.trigger not in ("to", "cuda", "copy_")
-                    or not c.sync or c.site is None
-                    or not per_step(c, trace.summary.total_ns)):
+            if not waited_upload(c) or not per_step(c, trace.summary.total_ns):
+                continue
+            if c.site is None and not c.stack:
+                unplaced.append(c)
+                continue
+            if c.site is None:
                 continue
             user = user_site(c)
             if user is None:
                 continue
             if user is not c.site:  # made inside a library: advice at the user's call
-                advice.append(self._inside(c, user, profile_of(trace).launch_ns, cwd))
+                advice.append(self._inside(c, user, async_upload_ns(trace)[0], cwd))
             else:
                 by_line.setdefault((c.site.file, c.site.line), []).append(c)
         plans = [(copies, pin_plan(copies)) for copies in by_line.values()
-                 if not _would_race(trace, copies)]
+                 if not would_race(trace, copies)]
         return [self._suggest(trace, group, plan, cwd)
-                for group, plan in _merge_plans(plans)] + advice
+                for group, plan in _merge_plans(plans)] + advice + unplaced_suggestions(
+            trace, [c for c in unplaced if not would_race(trace, [c])])
 
     @staticmethod
     def _inside(c: CopyRecord, user: Site, launch_ns: int, cwd: str | None) -> Suggestion:
@@ -228,7 +242,7 @@ class PinnedNonBlocking:
 
     def _suggest(self, trace: Trace, copies: list[CopyRecord], plan: PinPlan | None,
                  cwd: str | None) -> Suggestion:
-        launch = profile_of(trace).launch_ns
+        launch = async_upload_ns(trace)[0]
         saving = sum(c.host_ns - c.calls * launch for c in copies)
         sites = sorted({c.site for c in copies}, key=lambda x: (x.file, x.line))
         where = ", ".join(format_site(x, cwd) for x in sites)
@@ -255,7 +269,7 @@ class PinnedNonBlocking:
                           exact=change is not None, effect=ASYNC, cost_ns=cost)
 
 
-def _would_race(trace: Trace, copies: list[CopyRecord]) -> bool:
+def would_race(trace: Trace, copies: list[CopyRecord]) -> bool:
     """Whether making these copies non_blocking would make a race (analysis/races.py): a
     source pinned already (a buffer the program reuses) that the host writes again before
     anything waits for the copy, as its timeline shows. Such a copy keeps its wait."""
@@ -269,6 +283,106 @@ def _each(c: CopyRecord) -> str:
             f"{c.bytes // max(c.calls, 1)} bytes{' each' if many else ''} from "
             f"{'pinned' if c.pinned else 'pageable'} memory{asked}, "
             f"{'each ' if many else ''}waited for")
+
+
+#: From this size a call, pageable uploads made every step look like a DataLoader's batches
+#: rather than small tensors the program makes itself (an index list, a scalar).
+BATCH_MIN_BYTES = 64 * 1024
+
+#: The op a trigger is in a torch.profiler trace, and the code that makes it: where to look
+#: in a profile that names no line.
+TRIGGER_OPS = {"to": ("aten::to", "`x.to(device)`, `x.cuda()`"), "cuda": ("aten::to", "`x.cuda()`"),
+               "copy_": ("aten::copy_", "`dst.copy_(src)`")}
+
+
+def waited_upload(c: CopyRecord) -> bool:
+    """A host->device copy by `.to`, `.cuda` or `copy_` that the host waited for: what this
+    rule makes asynchronous."""
+    return c.direction == "HtoD" and c.sync and c.trigger in TRANSFER_METHODS + ("copy_",)
+
+
+def async_upload_ns(trace: Trace) -> tuple[int, str]:
+    """What one asynchronous upload costs the host, and where the figure comes from: on a
+    real GPU, the mean host time of the trace's own asynchronous uploads of pinned memory,
+    where it has any; else the device profile's launch cost."""
+    done = [c for c in trace.copies if c.direction == "HtoD" and c.pinned and not c.sync]
+    calls = sum(c.calls for c in done)
+    if calls and not trace.meta.simulated:
+        ns = sum(c.host_ns for c in done) // calls
+        return ns, (f"{ns / 1e3:.3g} us, what this trace's {calls} asynchronous upload"
+                    f"{'s' if calls != 1 else ''} of pinned memory took the host each")
+    profile = profile_of(trace)
+    return profile.launch_ns, (f"{profile.launch_ns / 1e3:.3g} us, the launch cost of the "
+                               f"device profile {profile.name}"
+                               + ("" if trace.meta.simulated else "; this trace times no "
+                                  "asynchronous upload"))
+
+
+def unplaced_suggestions(trace: Trace, copies: list[CopyRecord]) -> list[Suggestion]:
+    """Advice for uploads waited for every step that no frame of Python code places (a
+    torch.profiler profile recorded without with_stack): what to change, and the op, calls
+    and bytes to look for; no diff, as there is no line to edit. One per kind: uploads of
+    pinned memory (non_blocking=True), pageable ones of batch size (the DataLoader pins),
+    other pageable ones (pin where the tensor is made). The saving is the host's time in the
+    copies beyond an asynchronous upload's each (`async_upload_ns`), at most: less where the
+    main thread pins (a host copy of the bytes, which such a trace does not time)."""
+    groups: dict[str, list[CopyRecord]] = {}
+    for c in copies:
+        kind = ("pinned" if c.pinned else "batches"
+                if c.bytes // max(c.calls, 1) >= BATCH_MIN_BYTES else "pageable")
+        groups.setdefault(kind, []).append(c)
+    launch_ns, launch = async_upload_ns(trace)
+    why = ("the profile has no Python stacks (record it with torch.profiler.profile(..., "
+           "with_stack=True) to get this edit at its line)"
+           if NO_STACK_NOTE in trace.meta.untraced
+           else "no frame of Python code was recorded around these copies, so no line to edit")
+    return [_unplaced(trace, kind, groups[kind], launch_ns, launch, why)
+            for kind in ("batches", "pageable", "pinned") if kind in groups]
+
+
+def _unplaced(trace: Trace, kind: str, copies: list[CopyRecord], launch_ns: int, launch: str,
+              why: str) -> Suggestion:
+    calls = sum(c.calls for c in copies)
+    ops = ", ".join(dict.fromkeys(f"`{TRIGGER_OPS[c.trigger][0]}`" for c in copies))
+    each = format_value("bytes", sum(c.bytes for c in copies) // max(calls, 1))
+    where = f"{ops}, {calls} calls of {each} each on average, every step"
+    if kind == "pinned":
+        title = f"copy the uploads of pinned memory with non_blocking=True ({where})"
+        how = ("the memory is pinned already: add non_blocking=True at the copy, only if the "
+               "host does not write that memory again before the copy is done (a pinned "
+               "buffer refilled every step would race: wait for an event recorded after the "
+               "copy first)" + ("; this trace cannot show whether it does"
+                                if trace.timeline is None else ""))
+    elif kind == "batches":
+        title = ("pin the batches with DataLoader(pin_memory=True) and copy them with "
+                 f"non_blocking=True ({where})")
+        how = ("of their size they look like a DataLoader's batches: build it with "
+               "pin_memory=True and add non_blocking=True to each batch's .to(device) (a "
+               "tensor not from a DataLoader: pin it where it is made, x.pin_memory()); with "
+               "num_workers > 0 a thread of the DataLoader pins them, beside the main one; "
+               "with num_workers=0 the main thread does, a host copy of each batch that the "
+               "saving leaves out")
+    else:
+        title = f"pin the uploads' host memory and copy with non_blocking=True ({where})"
+        how = ("pin each tensor where it is made (x.pin_memory() where a GPU is there, or "
+               "made pinned: torch.empty(..., pin_memory=True)), then add non_blocking=True "
+               "at the copy (non_blocking alone on pageable memory still blocks); pinning is "
+               "a host copy of the bytes, which the saving leaves out")
+    found = "; ".join(f"{_each(c)} in `{TRIGGER_OPS[c.trigger][0]}` "
+                      f"({TRIGGER_OPS[c.trigger][1]}), {c.host_ns / 1e6:.4g} ms of host time"
+                      + (f", read next by `{c.consumer.op}`" if c.consumer else "")
+                      for c in copies)
+    return Suggestion(
+        rule=PinnedNonBlocking.name, title=title,
+        detail=(f"{found}; {how}. " + ("A copy without non_blocking" if kind == "pinned"
+                                         else "A copy of pageable memory")
+                + " blocks the host; from pinned memory with non_blocking=True the host goes "
+                "on, and the stream still orders the copy before the ops that read it "
+                "(results are unchanged). The saving is the host's time in these copies "
+                f"beyond an asynchronous upload's each ({launch}), at most: the device still "
+                "makes the copies"),
+        sites=[], removes=copies, saving_ns=sum(c.host_ns for c in copies) - calls * launch_ns,
+        exact=False, effect=ASYNC, no_diff=why)
 
 
 def _merge_plans(plans: list[tuple[list[CopyRecord], PinPlan | None]]

@@ -29,6 +29,7 @@ from .steady import per_step
 from .compile_rules import graph_break_suggestions
 from .replay import Replay, price
 from .suggestion import ONCE, Suggestion
+from .why_none import no_suggestions_reason
 
 
 def estimate_saving(trace: Trace, removed: list[CopyRecord],
@@ -343,7 +344,8 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     priced by replaying the run's timeline with its edit (analysis/replay.py; the rule's
     upper bound where the trace has none). The placement (a minimum cut over the op graph)
     comes first under a device memory budget, last otherwise. Edits considered but estimated
-    to save nothing go to `not_worth_it`."""
+    to save nothing go to `not_worth_it`. Where no edit is left, `explanation` gets the
+    reason (`no_suggestions_reason`, analysis/why_none.py)."""
     placed = placement_suggestions(trace, device_memory_bytes, cwd)[1]
     batches = [placed] if device_memory_bytes is not None else []
     batches.append(graph_break_suggestions(trace, cwd))  # a compiled program's breaks first
@@ -381,6 +383,8 @@ def suggest(trace: Trace, explanation: Explanation, cwd: str | None = None,
     price(trace, found + aside, replay)  # (what is set aside shows its figure too)
     aside += [s for s in found if s.saving_ns <= 0 and not s.required]
     found = [s for s in found if s.saving_ns > 0 or s.required]
+    explanation.no_suggestions_reason = (None if found else no_suggestions_reason(
+        trace, explanation, aside, DataDependentShape.TRIGGERS))
     if not_worth_it is not None:
         for s in aside:
             if s.title not in {x.title for x in not_worth_it}:

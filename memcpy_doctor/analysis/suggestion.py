@@ -53,6 +53,9 @@ class Suggestion:
     required: bool = False
     #: the effect on single copies of `removes` where it is not `effect` (by id of the copy)
     effects: dict[int, str] = field(default_factory=dict)
+    #: why the edit comes without a diff where no line can be named (a profile without
+    #: Python stacks): the advice then says what to change and what to look for
+    no_diff: str | None = None
 
     def effect_on(self, copy: CopyRecord) -> str:
         """What the edit does to `copy`, one of EFFECTS."""

@@ -4,6 +4,7 @@ and (with --log) the transfer log."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from ..analysis.attribution import Chain, End, Explanation, user_site
@@ -71,7 +72,15 @@ def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
         lines.append(f"   {_verified(s.verified)}")
     if s.diff:
         lines += ["", *("   " + ln for ln in s.diff.rstrip("\n").splitlines()), ""]
+    elif s.no_diff:
+        lines.append(f"   no diff: {s.no_diff}")
     return lines
+
+
+def _none_line(exp: Explanation) -> str:
+    """"No suggestions.", with the reason where one is known (analysis/why_none.py)."""
+    why = exp.no_suggestions_reason
+    return f"No suggestions: {why}." if why else "No suggestions."
 
 
 def _saves(s: Suggestion) -> str:
@@ -174,6 +183,9 @@ def render_verification(exp: Explanation, kept: list[Suggestion], tried: list[Su
     """`explain --verify`'s output in `fmt`: render_explain's, with the suggestions whose
     re-run did not help listed apart (JSON: "tried") and each re-run's measured saving
     (JSON: `verify.saving_ns`, how each run ended, the first line printed otherwise)."""
+    if not kept and exp.no_suggestions_reason is None and (tried or dropped):
+        exp = replace(exp, no_suggestions_reason="each edit found was re-run and left out, "
+                                                 "as it did not help (listed below)")
     if fmt != "json":
         return (render_explain(exp, kept, fmt, cwd)
                 + render_set_aside(not_worth_it, dropped, tried))
@@ -202,7 +214,7 @@ def render_explain_text(exp: Explanation, suggestions: list[Suggestion],
     if setup:
         lines += ["Setup and one-off (not every step):", *setup, ""]
     lines.append("Suggestions (every step's first, then largest estimated saving first)"
-                 if suggestions else "No suggestions.")
+                 if suggestions else _none_line(exp))
     if suggestions:
         lines += ["", *_together_line(exp, suggestions)] if len(suggestions) > 1 else []
     for i, s in enumerate(suggestions, 1):
@@ -229,7 +241,8 @@ def suggestion_dict(s: Suggestion) -> dict[str, Any]:
             "exact": s.exact, "removes": [{"direction": c.direction, "trigger": c.trigger,
                                            "site": _site_dict(c.site), "calls": c.calls}
                                           for c in s.removes],
-            "diff": s.diff, "apply": s.apply, "verify": None if s.verified is None else {
+            "diff": s.diff, "no_diff_reason": s.no_diff, "apply": s.apply,
+            "verify": None if s.verified is None else {
                 "verdict": s.verified.verdict, "sync_calls": list(s.verified.sync_calls),
                 "total_ns": list(s.verified.total_ns), **_verify_extra(s.verified)}}
 
@@ -258,6 +271,7 @@ def render_explain_json(exp: Explanation, suggestions: list[Suggestion],
             "between": [_end_dict(m) for m in ch.middle],
             "consumer": _end_dict(ch.consumer)} for ch in exp.chains],
         "suggestions": [suggestion_dict(s) for s in suggestions],
+        "no_suggestions_reason": None if suggestions else exp.no_suggestions_reason,
     }
     if exp.notes:  # (an imported torch.profiler trace without Python stacks)
         data["notes"] = exp.notes
@@ -298,6 +312,10 @@ def render_explain_markdown(exp: Explanation, suggestions: list[Suggestion],
                 lines += ["", f"   {_verified(s.verified)}"]
             if s.diff:
                 lines += ["", "```diff", s.diff.rstrip("\n"), "```", ""]
+            elif s.no_diff:
+                lines += ["", f"   No diff: {s.no_diff}."]
+    else:
+        lines += ["", _none_line(exp)]
     return "\n".join(lines).rstrip() + "\n"
 
 
