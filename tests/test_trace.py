@@ -145,7 +145,7 @@ def test_json_layout():
     assert data["waits"] == [{
         "kind": "synchronize", "calls": 2, "wait_ns": 300_000,
         "site": {"file": "/work/proj/train.py", "line": 70, "function": "train_step"},
-        "thread": None}]
+        "thread": None, "idle_ns": None}]
 
 
 def test_json_copies_layout():

@@ -165,6 +165,10 @@ class CopyRecord:
     #: here as such; None in older traces and where not known (light mode's sync warnings,
     #: imported traces)
     non_blocking: bool | None = None
+    #: the device's idle time after the host's waits for it: from the last device work the
+    #: wait saw done to the next work, when the host launched that after (kineto/idle.py);
+    #: None where not measured (memcpy-doctor's own traces, older ones, async copies)
+    idle_ns: int | None = None
 
     @property
     def time_ns(self) -> int:
@@ -181,6 +185,7 @@ class WaitRecord:
     wait_ns: int
     site: Site | None
     thread: str | None = None  # the thread that waited, when not the one that traced
+    idle_ns: int | None = None  # the device's idle time after these waits (see CopyRecord)
 
 
 @dataclass
@@ -412,7 +417,8 @@ def _transfer(d: Any) -> TransferRecord:
 def _wait(d: Any) -> WaitRecord:
     d = an_object(d, "a wait")
     return WaitRecord(kind=a_str(d["kind"]), calls=an_int(d["calls"]), wait_ns=an_int(d["wait_ns"]),
-                      site=_site(d["site"]), thread=_thread(d))
+                      site=_site(d["site"]), thread=_thread(d),
+                      idle_ns=_optional_int(d, "idle_ns"))
 
 
 def _copy(d: Any) -> CopyRecord:
@@ -434,7 +440,8 @@ def _copy(d: Any) -> CopyRecord:
         dtype=None if dtype is None else a_str(dtype), thread=_thread(d),
         first_ns=_optional_int(d, "first_ns"), last_ns=_optional_int(d, "last_ns"),
         end_col=_optional_int(d, "end_col"),
-        non_blocking=_optional_bool(d, "non_blocking", "copy"))
+        non_blocking=_optional_bool(d, "non_blocking", "copy"),
+        idle_ns=_optional_int(d, "idle_ns"))
 
 
 def _optional_int(d: dict[str, Any], key: str) -> int | None:

@@ -227,6 +227,10 @@ class Events:
                                    params):
             yield record(row)
 
+    def end_of(self, id_: int) -> float:
+        """When the event numbered `id_` ended (ts + dur, us)."""
+        return self.db.execute("SELECT ts + dur FROM ev WHERE id = ?", (id_,)).fetchone()[0]
+
     def get(self, id_: int | None) -> Event | None:
         """The record of the event numbered `id_`; None for None or no such event."""
         if id_ is None:

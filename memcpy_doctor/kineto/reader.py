@@ -33,6 +33,7 @@ from collections import Counter
 from typing import Any
 
 from .et import EtJoin, EtNodes, ExecutionTrace, parse_execution_trace
+from .idle import DeviceIdle
 from .events import KERNEL, OP, RUNTIME, Event, Events, as_events, one_line
 from .stacks import enclosing
 from .stream import read_array, read_json, read_whole
@@ -123,6 +124,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     waits = _Waits(events)
     device_in_op = _DeviceInOp(events)
     copies = _Copies(events.start)
+    idle = DeviceIdle(events)
     unpaired = 0  # scalar reads with no stream sync: PyTorch makes one, the trace lost it
     for around in found.copies(waits.stream_sync):
         e, call, ops = around.copy, around.call, around.ops
@@ -151,10 +153,16 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
         exact = flow.ends(ops, at, direction) if flow is not None else None
         if exact is not None:  # by data flow, where the execution trace shows it
             producer, consumer = exact[0] or producer, exact[1] or consumer
-        copies.add((direction, sync, pinned, trigger, site, tuple(sites), producer, consumer),
-                   e, call, host_ns)
-    records = copies.records()
-    wait_records = waits.records()
+        key = (direction, sync, pinned, trigger, site, tuple(sites), producer, consumer)
+        copies.add(key, e, call, host_ns)
+        if sync:
+            returned = (events.end_of(around.wait) if around.wait is not None
+                        else call.ts + call.dur if call is not None else e.ts + e.dur)
+            idle.claim(returned, ("copy", key), e.id)
+    waits.claim_idle(idle)
+    idle_ns = idle.totals()
+    records = copies.records(idle_ns)
+    wait_records = waits.records(idle_ns)
     rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records,
                        waits.extremes)
     meta = _meta(data, source, found.has_python, unpaired, events.start)
@@ -201,11 +209,13 @@ class _Copies:
         span = self.per_call.setdefault(key[:2], [took, took])
         span[0], span[1] = min(span[0], took), max(span[1], took)
 
-    def records(self) -> list[CopyRecord]:
-        return [CopyRecord(d, s, p, t, calls, nbytes, host, dev, site, list(stack), prod, cons,
-                           first_ns=first, last_ns=last)
-                for (d, s, p, t, site, stack, prod, cons), (calls, nbytes, host, dev, first,
-                                                           last) in self._by_key.items()]
+    def records(self, idle: dict) -> list[CopyRecord]:
+        """The records; a sync one with the device's idle time after it (`idle`, per
+        ("copy", key): kineto/idle.py)."""
+        return [CopyRecord(*key[:4], calls, nbytes, host, dev, key[4], list(key[5]), *key[6:],
+                           first_ns=first, last_ns=last,
+                           idle_ns=idle.get(("copy", key), 0) if key[1] else None)
+                for key, (calls, nbytes, host, dev, first, last) in self._by_key.items()]
 
 
 class _Waits:
@@ -236,8 +246,19 @@ class _Waits:
         self._events.db.executemany("INSERT OR IGNORE INTO used VALUES (?)", self._used)
         self._used.clear()
 
-    def records(self) -> list[WaitRecord]:
-        """The waits that are not a copy's, per kind (in the order each kind first comes)."""
+    def claim_idle(self, idle: DeviceIdle) -> None:
+        """Each wait that is not a copy's claims the device's idle time after it (every
+        stream), named ("wait", its kind)."""
+        self._flush()
+        marks = ",".join("?" * len(self._kinds))
+        for name, end in self._events.db.execute(
+                f"SELECT name, ts + dur FROM ev WHERE k = {RUNTIME} AND name IN ({marks}) "
+                "AND id NOT IN (SELECT id FROM used) ORDER BY ts", list(self._kinds)):
+            idle.claim(end, ("wait", self._kinds[name]))
+
+    def records(self, idle: dict) -> list[WaitRecord]:
+        """The waits that are not a copy's, per kind (in the order each kind first comes),
+        each with the device's idle time after them (`idle`, per ("wait", kind))."""
         self._flush()
         marks = ",".join("?" * len(self._kinds))
         out = []
@@ -245,7 +266,8 @@ class _Waits:
                 f"SELECT name, count(*), sum(ns), min(ns), max(ns) FROM ev WHERE k = {RUNTIME} "
                 f"AND name IN ({marks}) AND id NOT IN (SELECT id FROM used) GROUP BY name "
                 "ORDER BY min(id)", list(self._kinds)):
-            out.append(WaitRecord(self._kinds[name], calls, ns, None))
+            kind = self._kinds[name]
+            out.append(WaitRecord(kind, calls, ns, None, idle_ns=idle.get(("wait", kind), 0)))
             self.extremes[self._kinds[name]] = (lo, hi)
         return out
 

@@ -76,7 +76,11 @@ def _event_table(events: list[EventRow], total_ns: int, sort: str) -> str:
 
 
 def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
-    sync = sorted((c for c in copies if c.sync), key=lambda c: (-c.time_ns, -c.calls))
+    """Each sync copy path, costliest first: by the GPU idle time it caused where the trace
+    measured it (an imported one: kineto/idle.py), else by its time."""
+    sync = [c for c in copies if c.sync]
+    idle = any(c.idle_ns is not None for c in sync)
+    sync.sort(key=lambda c: (-(c.idle_ns or 0), -c.time_ns, -c.calls))
     if not sync:
         return "No copies the host waited for."
     rows = []
@@ -88,14 +92,28 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
         if c.thread is not None:
             where += f" [thread {c.thread}]"
         rows.append([
-            f"{c.direction} {c.trigger}", where, str(c.calls), str(c.bytes),
-            _ms(c.time_ns), f"{format_ref(c.producer, cwd)} -> {format_ref(c.consumer, cwd)}",
+            f"{c.direction} {c.trigger}", where, str(c.calls), str(c.bytes), _ms(c.time_ns),
+            *([_ms(c.idle_ns or 0)] if idle else []),
+            f"{format_ref(c.producer, cwd)} -> {format_ref(c.consumer, cwd)}",
         ])
     table = plain_table(rows, ["Copy", "Site", "Calls", "Bytes", "Total",
-                               "Producer -> Consumer"])
+                               *(["GPU idle"] if idle else []), "Producer -> Consumer"])
     if len(sync) > REPORT_SYNC_SITES:
         table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"
+    if idle:
+        table += ("\nGPU idle: from the device's last work before the host returned from the "
+                  "wait to its next work, launched after (docs/kineto.md)")
     return table
+
+
+def _wait_idle_line(trace: Trace) -> list[str]:
+    """The GPU idle time after the host's waits that are not copies, where measured."""
+    waits = [w for w in trace.waits if w.idle_ns is not None]
+    if not waits:
+        return []
+    return ["GPU idle after the other waits: " + ", ".join(
+        f"{w.kind} {_ms(w.idle_ns)} ({w.calls} call{'s' if w.calls != 1 else ''})"
+        for w in sorted(waits, key=lambda w: -w.idle_ns)), ""]
 
 
 def _race_table(races: list[RaceRecord], cwd: str | None) -> str:
@@ -255,7 +273,8 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
     lines += _pageable_non_blocking_line(trace.copies)
     lines += _path_lines(trace)
     lines += ["", _banner("Event Summary"), "", _event_table(trace.events, total, sort),
-              "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), ""]
+              "", _banner("Sync copies"), "", _sync_table(trace.copies, cwd), "",
+              *_wait_idle_line(trace)]
     if trace.races:
         lines += [_banner("Races"), "", _race_table(trace.races, cwd), ""]
     if trace.compile is not None:

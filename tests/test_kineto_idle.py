@@ -1,0 +1,96 @@
+"""The GPU idle time each host sync caused, read from a torch.profiler trace (issue 43;
+kineto/idle.py): from the device's last work before the host returned from its wait to the
+next work, when the host launched that after the device ran dry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import cli_in_process
+from memcpy_doctor.kineto.reader import from_kineto, load_any
+from test_kineto import _gpu, _x, kineto_trace
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "kineto"
+
+
+def _trace(events: list[dict]) -> dict:
+    return {"schemaVersion": 1, "deviceProperties": [{"name": "NVIDIA A100-SXM4-80GB"}],
+            "traceEvents": events}
+
+
+def test_each_sync_gets_the_idle_stretch_after_it():
+    """kineto_trace: the upload's stream sync returns at 40, its copy ended at 30, the next
+    work (the item's copy) starts at 215, launched at 210: 185 us. The item's sync returns at
+    230 after its copy ended at 217; the gemm starts at 310 (launched at 305): 93 us. The
+    device sync returns at 450 after the gemm ended at 360; the pinned copy starts at 506
+    (launched at 505): 146 us. The async pinned copy has none."""
+    t = from_kineto(kineto_trace(), "k.json")
+    assert sorted((c.trigger, c.sync, c.idle_ns) for c in t.copies) == [
+        ("copy_", False, None), ("item", True, 93_000), ("to", True, 185_000)]
+    assert [(w.kind, w.idle_ns) for w in t.waits] == [("synchronize", 146_000)]
+
+
+def test_a_stretch_counts_once_for_the_first_sync_inside_it():
+    """Two device syncs back to back: the first drained the queue and gets the stretch; the
+    second found nothing to wait for."""
+    events = [_x("cpu_op", "aten::mm", 0, 10),
+              _x("cuda_runtime", "cudaLaunchKernel", 2, 3, correlation=1),
+              _gpu("kernel", "gemm", 5, 95, 1),
+              _x("cuda_runtime", "cudaDeviceSynchronize", 10, 100, correlation=2),   # -> 110
+              _x("cuda_runtime", "cudaStreamSynchronize", 120, 5, correlation=3),   # -> 125
+              _x("cpu_op", "aten::mm", 200, 10),
+              _x("cuda_runtime", "cudaLaunchKernel", 202, 3, correlation=4),
+              _gpu("kernel", "gemm", 210, 10, 4)]
+    t = from_kineto(_trace(events), "k.json")
+    assert sorted((w.kind, w.calls, w.idle_ns) for w in t.waits) == [
+        ("stream_synchronize", 1, 0), ("synchronize", 1, 110_000)]   # 100 -> 210
+
+
+def test_no_idle_while_other_work_runs_or_when_the_next_was_queued_before():
+    """A device sync while a kernel on another stream still runs: the device was busy. A
+    sync after which the next kernel had been launched before the device ran dry (by
+    another thread): the host did not hold it up."""
+    busy = [_x("cuda_runtime", "cudaLaunchKernel", 0, 2, correlation=1),
+            _gpu("kernel", "long", 5, 500, 1) | {"tid": 9},
+            _x("cuda_runtime", "cudaLaunchKernel", 3, 2, correlation=2),
+            _gpu("kernel", "short", 6, 10, 2),
+            _x("cuda_runtime", "cudaStreamSynchronize", 20, 10, correlation=3),
+            _x("cuda_runtime", "cudaLaunchKernel", 40, 2, correlation=4),
+            _gpu("kernel", "next", 600, 10, 4)]
+    # (a stream sync is a wait for every stream here: its stream is not recorded)
+    assert [w.idle_ns for w in from_kineto(_trace(busy), "k.json").waits] == [0]
+    queued = [_x("cuda_runtime", "cudaLaunchKernel", 0, 2, correlation=1),
+              _gpu("kernel", "k", 5, 10, 1),
+              _x("cuda_runtime", "cudaLaunchKernel", 8, 2, tid=2, correlation=2),
+              _x("cuda_runtime", "cudaDeviceSynchronize", 10, 10, correlation=3),
+              _gpu("kernel", "k2", 50, 10, 2)]   # launched at 8, before the device ran dry at 15
+    assert [w.idle_ns for w in from_kineto(_trace(queued), "k.json").waits] == [0]
+
+
+def test_the_report_ranks_sync_copies_by_the_idle_they_caused(tmp_path):
+    (tmp_path / "k.json").write_text(json.dumps(kineto_trace()))
+    r = cli_in_process("report", "k.json", cwd=tmp_path)
+    assert r.status == 0, r.err
+    lines = r.out.splitlines()
+    at = lines.index("-------------------------         Sync copies         "
+                     "-------------------------")
+    assert lines[at + 2].split()[4:7] == ["Total", "GPU", "idle"]
+    assert [line.split()[:2] + line.split()[6:7] for line in lines[at + 3:at + 5]] == [
+        ["HtoD", "to", "0.185"], ["DtoH", "item", "0.093"]]
+    assert "GPU idle after the other waits: synchronize 0.146 (1 call)" in lines
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kineto is not here")
+def test_the_alexnet_syncs_idle_stretches():
+    """a100_alexnet's 16 uploads (each with its stream sync) and 5 device syncs; the first
+    device sync returns at 30,559,500 us into the trace with the device dry since
+    30,542,555, and the next work, a memset, starts at 31,366,713: 824.158 ms; the two
+    syncs inside 43,302,683 -> 43,355,536 count it once (52.853 ms); after the last two
+    no work follows."""
+    t = load_any(str(SHARED / "a100_alexnet.json.gz"))
+    assert [(c.calls, c.idle_ns) for c in t.copies] == [(16, 24_497_000)]
+    assert [(w.kind, w.calls, w.idle_ns) for w in t.waits] == [
+        ("synchronize", 5, 824_158_000 + 52_853_000)]
