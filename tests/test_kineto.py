@@ -259,3 +259,39 @@ def test_the_profilers_window_is_not_an_event_of_the_span():
     data["traceEvents"].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)",
                                 "ts": -100, "dur": 5000, "pid": "Traces", "tid": "PyTorch"})
     assert from_kineto(data, "k.json").summary.total_ns == 520_000
+
+
+def test_a_trace_of_runtime_calls_alone_is_read_from_its_launches():
+    """(issue 43) Recorded without ProfilerActivity.CUDA (CUPTI's runtime calls alone): each
+    copy is its cudaMemcpy* call, waited for when a stream sync follows in its op; the
+    direction where the op tells it; no bytes or device time; the waits as ever."""
+    events = [_x("cpu_op", "aten::item", 0, 60), _x("cpu_op", "aten::_local_scalar_dense", 5, 50),
+              _x("cuda_runtime", "cudaMemcpyAsync", 10, 10, correlation=1),
+              _x("cuda_runtime", "cudaStreamSynchronize", 22, 8, correlation=2),
+              _x("cpu_op", "aten::to", 100, 40), _x("cpu_op", "aten::copy_", 105, 30),
+              _x("cuda_runtime", "cudaMemcpyAsync", 110, 5, correlation=3),
+              _x("cuda_runtime", "cudaLaunchKernel", 150, 5, correlation=4),
+              _x("cuda_runtime", "cudaDeviceSynchronize", 200, 40, correlation=5)]
+    t = from_kineto({"schemaVersion": 1, "traceEvents": events}, "k.json")
+    assert sorted((c.direction, c.sync, c.trigger, c.calls, c.host_ns, c.bytes, c.device_ns,
+                   c.producer, c.idle_ns) for c in t.copies) == [
+        ("DtoH", True, "item", 1, 18_000, 0, 0, None, None),
+        ("unknown", False, "to", 1, 5_000, 0, 0, None, None)]
+    assert [(w.kind, w.calls, w.wait_ns) for w in t.waits] == [("synchronize", 1, 40_000)]
+    assert t.meta.untraced[0].startswith("no device activity in the trace")
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kineto is not here")
+def test_the_alexnet_trace_without_its_device_activity(tmp_path):
+    data = json.loads(gzip.decompress((SHARED / "a100_alexnet.json.gz").read_bytes()))
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") not in
+                           ("kernel", "gpu_memcpy", "gpu_memset", "ac2g")]
+    (tmp_path / "runtime.json").write_text(json.dumps(data))
+    t = load_any(str(tmp_path / "runtime.json"))
+    # its 16 cudaMemcpyAsync, each followed by its stream sync inside aten::to: 57.55 ms
+    assert [(c.direction, c.sync, c.trigger, c.calls, c.host_ns) for c in t.copies] == [
+        ("unknown", True, "to", 16, 57_550_000)]
+    assert [(w.kind, w.calls, w.wait_ns) for w in t.waits] == [("synchronize", 5, 938_000)]
+    r = _in_process("explain", "runtime.json", cwd=tmp_path)
+    assert r.returncode == 0 and "Note: no device activity in the trace" in r.stdout
+    assert "GPU idle 0" not in r.stdout  # (not measured without device activity)

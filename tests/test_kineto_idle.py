@@ -94,3 +94,26 @@ def test_the_alexnet_syncs_idle_stretches():
     assert [(c.calls, c.idle_ns) for c in t.copies] == [(16, 24_497_000)]
     assert [(w.kind, w.calls, w.idle_ns) for w in t.waits] == [
         ("synchronize", 5, 824_158_000 + 52_853_000)]
+
+
+def test_explain_gives_each_copys_bandwidth_and_the_idle_after_it(tmp_path):
+    (tmp_path / "k.json").write_text(json.dumps(kineto_trace()))
+    r = cli_in_process("explain", "k.json", cwd=tmp_path)
+    assert r.status == 0, r.err
+    assert ("    2 copies (DtoH `item`, HtoD `to`), 0.043 ms, GPU idle 0.278 ms after, at ?"
+            in r.out.splitlines())
+    r = cli_in_process("explain", "--format", "json", "k.json", cwd=tmp_path)
+    copies = [c for ch in json.loads(r.out)["chains"] for c in ch["copies"]]
+    assert [(c["direction"], c["pinned"], c["device_ns"], c["bandwidth_bps"],
+             c["profile_bandwidth_bps"], c["idle_ns"]) for c in copies] == [
+        ("HtoD", False, 5_000, 819_200_000.0, 12e9, 185_000),   # ranked by the idle after
+        ("DtoH", False, 2_000, 2_000_000.0, 10e9, 93_000)]
+
+
+def test_a_single_path_line_says_pinned_or_pageable_and_the_share_of_the_profile(tmp_path):
+    data = kineto_trace()
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("ts", 0) < 100]  # the upload
+    (tmp_path / "k.json").write_text(json.dumps(data))
+    r = cli_in_process("explain", "k.json", cwd=tmp_path)
+    assert ("    1 copy (HtoD `to`), 0.023 ms, pageable, 0.819 GB/s of the profile's 12 (7%), "
+            "GPU idle 0 ms after, at ?") in r.out.splitlines()

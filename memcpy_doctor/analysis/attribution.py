@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..core.paths import is_user_file
-from ..core.defaults import LIGHT_SYNC_NOTE, NO_STACK_NOTE
+from ..core.defaults import LAUNCHES_NOTE, LIGHT_SYNC_NOTE, NO_STACK_NOTE
 from ..core.trace import CopyRecord, OpRef, Site, Trace
+from .bandwidth import Reference, reference
 from .steady import per_step
 
 SourceReader = Callable[[Site], str]
@@ -78,6 +79,13 @@ class Chain:
     def bounces(self) -> bool:
         return len(self.steps) > 1
 
+    @property
+    def idle_ns(self) -> int | None:
+        """The GPU idle time its copies caused, where the trace measured it (imported
+        torch.profiler traces: kineto/idle.py); None where it did not."""
+        known = [s.copy.idle_ns for s in self.steps if s.copy.idle_ns is not None]
+        return sum(known) if known else None
+
 
 @dataclass
 class Explanation:
@@ -99,6 +107,8 @@ class Explanation:
     #: why no edit is suggested (analysis/why_none.py; set by rules.suggest when it finds
     #: none), in words; None while there are suggestions or none were sought
     no_suggestions_reason: str | None = None
+    #: the device profile each copy's bandwidth is set beside (analysis/bandwidth.py)
+    reference: Reference | None = None
 
 
 def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
@@ -140,13 +150,15 @@ def explain(trace: Trace, source: SourceReader = read_line) -> Explanation:
         chain.share = chain.time_ns / total if total else 0.0
         chain.per_step = any(per_step(s.copy, total) for s in chain.steps)
         chains.append(chain)
-    chains.sort(key=lambda ch: (not ch.per_step, -ch.time_ns))  # the steady state first
+    # the steady state first; then by the GPU idle each caused where measured, and time
+    chains.sort(key=lambda ch: (not ch.per_step, -(ch.idle_ns or 0), -ch.time_ns))
     return Explanation(total_ns=total, simulated=trace.meta.simulated,
                        device_name=trace.meta.device_name, chains=chains,
                        sync_calls=sum(c.calls for c in sync),
                        sync_time_ns=sum(c.time_ns for c in sync),
                        notes=[u for u in trace.meta.untraced
-                              if u in (NO_STACK_NOTE, LIGHT_SYNC_NOTE)],
+                              if u in (NO_STACK_NOTE, LIGHT_SYNC_NOTE, LAUNCHES_NOTE)],
+                       reference=reference(trace),
                        light=trace.meta.light,
                        peak_device_bytes=trace.summary.peak_device_memory_bytes)
 

@@ -151,3 +151,10 @@ LIGHT_SYNC_NOTE = ("light mode: a sync found only by its warning (mask indexing,
                    "after the call that synced has returned; a backward pass's when the pass "
                    "ends) and its size is not known (0 bytes); its kind is the call at its "
                    "frame, and its direction where that call says it, else `unknown`")
+
+#: A trace with runtime calls but no device activity: what its copies are made of.
+LAUNCHES_NOTE = ("no device activity in the trace (recorded without ProfilerActivity.CUDA, "
+                 "or CUPTI's runtime calls alone): each copy is its cudaMemcpy* call, with "
+                 "its host time and whether the host waited; its direction only where the op "
+                 "tells it (item, tolist, nonzero: to the host; else unknown); no bytes, "
+                 "device time, producer or GPU idle")

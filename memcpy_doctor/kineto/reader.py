@@ -37,7 +37,7 @@ from .idle import DeviceIdle
 from .events import KERNEL, OP, RUNTIME, Event, Events, as_events, one_line
 from .stacks import enclosing
 from .stream import read_array, read_json, read_whole
-from ..core.defaults import NO_STACK_NOTE, UNRECORDED_DEVICE
+from ..core.defaults import LAUNCHES_NOTE, NO_STACK_NOTE, UNKNOWN_DIRECTION, UNRECORDED_DEVICE
 from ..core.summary import summarize
 from ..core.trace import (CopyRecord, EventRow, Meta, OpRef, Site, Trace, TraceError, WaitRecord,
                     copy_event_name)
@@ -52,6 +52,8 @@ INFERRED_NOTE = ("producers and consumers are inferred, not read from tensor ids
                  "producer is the op whose kernel ran last before it on its stream, its "
                  "consumer the op around its trigger; an upload's consumer is not guessed "
                  "(the next kernel on its stream need not read it)")
+#: The direction of a copy whose trigger tells it, where only its launch is recorded.
+_LAUNCH_DIRECTIONS = {"item": "DtoH", "tolist": "DtoH", "nonzero": "DtoH"}
 SITES_NOTE = ("call sites name the function that made each copy, at its first line "
               "(torch.profiler records Python functions, not lines)")
 #: Enclosing ops that name a copy's trigger, outermost meaning first.
@@ -114,10 +116,7 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     if not cats & {"cuda_runtime", "gpu_memcpy", "kernel"}:
         raise TraceError(f"{source}: a Chrome or torch.profiler trace with no CUDA activity "
                          "(CPU only, or another accelerator): no copies to read")
-    if not cats & {"gpu_memcpy", "kernel", "gpu_memset"}:
-        raise TraceError(f"{source}: CUDA runtime calls but no device activity (a CUPTI "
-                         "range-profiler trace, or one recorded without "
-                         "ProfilerActivity.CUDA): no copies to read")
+    launches_only = not cats & {"gpu_memcpy", "kernel", "gpu_memset"}
     events.check()
     found = enclosing(events)
     flow = EtJoin(et, events, found, source) if et is not None else None
@@ -126,13 +125,16 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     copies = _Copies(events.start)
     idle = DeviceIdle(events)
     unpaired = 0  # scalar reads with no stream sync: PyTorch makes one, the trace lost it
-    for around in found.copies(waits.stream_sync):
+    for around in (found.launches if launches_only else found.copies)(waits.stream_sync):
         e, call, ops = around.copy, around.call, around.ops
-        direction = _direction(e.name or "")
-        if direction is None:
-            copies.unread(e.name or "")
-            continue
-        pinned = None if direction == "DtoD" else "Pinned" in e.name
+        if e is None:  # a launch alone: the op may tell the direction, nothing the rest
+            direction, pinned = _LAUNCH_DIRECTIONS.get(_trigger(ops)[0], UNKNOWN_DIRECTION), None
+        else:
+            direction = _direction(e.name or "")
+            if direction is None:
+                copies.unread(e.name or "")
+                continue
+            pinned = None if direction == "DtoD" else "Pinned" in e.name
         host_ns, sync = 0, False
         if call is not None:
             host_ns, sync = _ns(call.dur), call.name == "cudaMemcpy"
@@ -158,9 +160,10 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
         if sync:
             returned = (events.end_of(around.wait) if around.wait is not None
                         else call.ts + call.dur if call is not None else e.ts + e.dur)
-            idle.claim(returned, ("copy", key), e.id)
+            if e is not None:
+                idle.claim(returned, ("copy", key), e.id)
     waits.claim_idle(idle)
-    idle_ns = idle.totals()
+    idle_ns = idle.totals() if not launches_only else None  # (none measured without them)
     records = copies.records(idle_ns)
     wait_records = waits.records(idle_ns)
     rows = _event_rows(events, device_in_op, records, copies.per_call, wait_records,
@@ -169,6 +172,8 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
     if flow is not None:
         meta.untraced[0] = et_note(flow.joined, flow.linked, sum(c.calls for c in records),
                                    et.source)
+    if launches_only:
+        meta.untraced.insert(0, LAUNCHES_NOTE)
     if copies.unread_count:
         meta.untraced.append(f"{copies.unread_count} gpu_memcpy events of a kind this version "
                              f"does not read (such as {copies.unread_name!r}; HtoH, or another "
@@ -195,11 +200,11 @@ class _Copies:
             self.unread_name = name
         self.unread_count += 1
 
-    def add(self, key: tuple, e: Event, call: Event | None, host_ns: int) -> None:
+    def add(self, key: tuple, e: Event | None, call: Event | None, host_ns: int) -> None:
         entry = self._by_key.setdefault(key, [0, 0, 0, 0, None, None])
-        device_ns = _ns(e.dur)
+        device_ns = _ns(e.dur) if e is not None else 0
         entry[0] += 1
-        entry[1] += int(e.nbytes if e.nbytes is not None else 0)
+        entry[1] += int(e.nbytes if e is not None and e.nbytes is not None else 0)
         entry[2] += host_ns
         entry[3] += device_ns
         when = _ns((call or e).ts - self._start)
@@ -209,12 +214,13 @@ class _Copies:
         span = self.per_call.setdefault(key[:2], [took, took])
         span[0], span[1] = min(span[0], took), max(span[1], took)
 
-    def records(self, idle: dict) -> list[CopyRecord]:
+    def records(self, idle: dict | None) -> list[CopyRecord]:
         """The records; a sync one with the device's idle time after it (`idle`, per
-        ("copy", key): kineto/idle.py)."""
+        ("copy", key): kineto/idle.py; None: not measured)."""
         return [CopyRecord(*key[:4], calls, nbytes, host, dev, key[4], list(key[5]), *key[6:],
                            first_ns=first, last_ns=last,
-                           idle_ns=idle.get(("copy", key), 0) if key[1] else None)
+                           idle_ns=idle.get(("copy", key), 0) if key[1] and idle is not None
+                           else None)
                 for key, (calls, nbytes, host, dev, first, last) in self._by_key.items()]
 
 
@@ -256,7 +262,7 @@ class _Waits:
                 "AND id NOT IN (SELECT id FROM used) ORDER BY ts", list(self._kinds)):
             idle.claim(end, ("wait", self._kinds[name]))
 
-    def records(self, idle: dict) -> list[WaitRecord]:
+    def records(self, idle: dict | None) -> list[WaitRecord]:
         """The waits that are not a copy's, per kind (in the order each kind first comes),
         each with the device's idle time after them (`idle`, per ("wait", kind))."""
         self._flush()
@@ -267,7 +273,8 @@ class _Waits:
                 f"AND name IN ({marks}) AND id NOT IN (SELECT id FROM used) GROUP BY name "
                 "ORDER BY min(id)", list(self._kinds)):
             kind = self._kinds[name]
-            out.append(WaitRecord(kind, calls, ns, None, idle_ns=idle.get(("wait", kind), 0)))
+            out.append(WaitRecord(kind, calls, ns, None, idle_ns=None if idle is None
+                                  else idle.get(("wait", kind), 0)))
             self.extremes[self._kinds[name]] = (lo, hi)
         return out
 

@@ -51,6 +51,22 @@ class Enclosing:
                 ops[:0] = [record(r) for r in events.query(_OPS, (above,))]
             yield Around(copy, call, ops, self._frames(frame), wait, wait_ns, before)
 
+    def launches(self, stream_sync: int) -> Iterator[Around]:
+        """What is around each copy's runtime call (`cudaMemcpy*`) of a trace that holds no
+        device activity (recorded without ProfilerActivity.CUDA, or CUPTI's runtime calls
+        alone): an Around with no copy and no kernel before it, in the trace's order."""
+        events, record = self.events, self.events.record
+        events.query(f"CREATE INDEX IF NOT EXISTS waits ON ev(th, name, ts) WHERE k = {RUNTIME}")
+        w = len(_EV)
+        copy_calls = [i for i, name in enumerate(events.names)
+                      if isinstance(name, str) and name.startswith("cudaMemcpy")]
+        marks = ",".join("?" * len(copy_calls))
+        for row in events.query(_LAUNCHES.format(marks=marks), (stream_sync, *copy_calls)):
+            call = record(row[:w])
+            frame, wait, wait_ns, op = row[w:w + 4]
+            ops = [record(r) for r in events.query(_OPS, (op,))] if op is not None else []
+            yield Around(None, call, ops, self._frames(frame), wait, wait_ns, _NO_KERNEL)
+
     def inferred(self, kernel: tuple) -> OpRef | None:
         """The op that launched the kernel before a copy (Around.before): its call's innermost
         cpu_op, labelled as inferred (the trace does not say which tensors a kernel read or
@@ -137,6 +153,24 @@ LEFT JOIN link AS l2 ON l2.id = l1.op
 LEFT JOIN ev AS o3 ON o3.id = l2.op
 LEFT JOIN link AS l3 ON l3.id = l2.op
 ORDER BY m.id"""
+#: Each copy's runtime call (names ?2...) of a trace without device activity, with the
+#: innermost frame around it, the first stream sync (?1) on its thread from its end to its
+#: innermost op's end, and that op.
+_LAUNCHES = f"""
+SELECT {', '.join(f'c.{c}' for c in _EV)}, q.frame, q.wait, w.ns, q.op
+FROM (
+  SELECT c.id AS id, link.frame AS frame, link.op AS op,
+    (SELECT w.id FROM ev AS w WHERE w.k = {RUNTIME} AND w.th = c.th AND w.name = ?1
+       AND w.ts BETWEEN c.ts + c.dur AND op.ts + op.dur ORDER BY w.id LIMIT 1) AS wait
+  FROM ev AS c
+  LEFT JOIN link ON link.id = c.id
+  LEFT JOIN ev AS op ON op.id = link.op
+  WHERE c.k = {RUNTIME} AND c.name IN ({{marks}})
+) AS q
+JOIN ev AS c ON c.id = q.id
+LEFT JOIN ev AS w ON w.id = q.wait
+ORDER BY c.id"""
+_NO_KERNEL = (None, None, None, None)
 #: The names of a user-visible frame (by id) and of those around it, innermost first, at
 #: most MAX_FRAMES.
 _FRAMES = ("WITH RECURSIVE up(id, depth) AS (SELECT ?1, 0 UNION ALL SELECT link.frame, "
@@ -193,7 +227,8 @@ def enclosing(events: Iterable[Any]) -> Enclosing:
 
 
 class Around:
-    """What is around one copy (a gpu_memcpy event): its runtime call (None when the trace
+    """What is around one copy (a gpu_memcpy event; None for a launch of a trace with no
+    device activity, Enclosing.launches): its runtime call (None when the trace
     has none with its correlation id), the cpu_ops around the call (outermost first), the
     Python frames around it as sites (innermost first), the first stream sync after the
     call inside its innermost op (`wait`, an event id, and `wait_ns`), and the kernel that
@@ -201,7 +236,7 @@ class Around:
 
     __slots__ = ("copy", "call", "ops", "sites", "wait", "wait_ns", "before")
 
-    def __init__(self, copy: Event, call: Event | None, ops: list[Event], sites: list[Site],
+    def __init__(self, copy: Event | None, call: Event | None, ops: list[Event], sites: list[Site],
                  wait: int | None, wait_ns: int | None, before: tuple) -> None:
         self.copy, self.call, self.ops, self.sites = copy, call, ops, sites
         self.wait, self.wait_ns, self.before = wait, wait_ns, before
