@@ -66,7 +66,7 @@ def test_explain_puts_the_step_first_and_setup_on_one_line(tmp_path):
     lines = text.splitlines()
     assert lines[3] == "Every step:"
     i = lines.index("Setup and one-off (not every step):")
-    assert lines[i + 1] == "    122 copies (HtoD `to`), 1.342 ms, at train.py:9"
+    assert lines[i + 1] == "    122 copies (HtoD `to`), 1.342 ms, pageable, 0.004 GB/s, at train.py:9"
     assert not any("#2" in line for line in lines)  # setup is a line, not a chain
 
 
