@@ -115,5 +115,5 @@ def test_a_single_path_line_says_pinned_or_pageable_and_the_share_of_the_profile
     data["traceEvents"] = [e for e in data["traceEvents"] if e.get("ts", 0) < 100]  # the upload
     (tmp_path / "k.json").write_text(json.dumps(data))
     r = cli_in_process("explain", "k.json", cwd=tmp_path)
-    assert ("    1 copy (HtoD `to`), 0.023 ms, pageable, 0.819 GB/s of the profile's 12 (7%), "
+    assert ("    1 copy (HtoD `to`), 0.023 ms, pageable, 0.819 GB/s of the profile's 12 (6.8%), "
             "GPU idle 0 ms after, at ?") in r.out.splitlines()

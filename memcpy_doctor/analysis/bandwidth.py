@@ -113,6 +113,11 @@ def path_rates(trace: Trace, ref: Reference | None = None) -> list[PathRate]:
                 sums.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1] is True))]
 
 
+def share_text(ratio: float) -> str:
+    """A share as a percentage: whole from 10% up, two significant digits below."""
+    return f"{ratio:.0%}" if ratio >= 0.1 else f"{ratio * 100:.2g}%"
+
+
 def copy_rate(copy: CopyRecord) -> float | None:
     """One copy record's bytes per second over its device time (None: untimed)."""
     return copy.bytes / copy.device_ns * 1e9 if copy.device_ns else None
@@ -126,7 +131,7 @@ def rate_words(copy: CopyRecord, ref: Reference | None) -> str:
         return ""
     kind = {True: "pinned, ", False: "pageable, ", None: ""}[copy.pinned]
     peak = reference_bps(ref, copy)
-    of = f" of the profile's {peak / 1e9:.3g} ({bps / peak:.0%})" if peak else ""
+    of = f" of the profile's {peak / 1e9:.3g} ({share_text(bps / peak)})" if peak else ""
     return f"{kind}{bps / 1e9:.3g} GB/s{of}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..analysis.steady import StepSplit, estimate_steps, split_sync
 from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..analysis.attribution import user_site
-from ..analysis.bandwidth import path_rates, reference
+from ..analysis.bandwidth import path_rates, reference, share_text
 from ..core.paths import format_site
 from ..core.races import RaceRecord
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
@@ -155,11 +155,6 @@ def gbps(bps: float | None) -> str:
     return "-" if bps is None else f"{bps / 1e9:.3g}"
 
 
-def _share(ratio: float) -> str:
-    """A share as a percentage: whole from 10% up, two significant digits below."""
-    return f"{ratio:.0%}" if ratio >= 0.1 else f"{ratio * 100:.2g}%"
-
-
 def _path_lines(trace: Trace) -> list[str]:
     """The GpuMemCpy Summary's copy paths: each path's calls, bytes, device time and GB/s,
     beside the device profile's figure for it (analysis/bandwidth.py)."""
@@ -169,7 +164,7 @@ def _path_lines(trace: Trace) -> list[str]:
         return []
     rows = [[p.name, str(p.calls), str(p.sync_calls), _size(p.bytes), _ms(p.device_ns),
              gbps(p.bps), "-" if p.reference_bps is None else
-             f"{gbps(p.reference_bps)} ({_share(p.bps / p.reference_bps)})" if p.bps else
+             f"{gbps(p.reference_bps)} ({share_text(p.bps / p.reference_bps)})" if p.bps else
              gbps(p.reference_bps)] for p in paths]
     where = ("none for this GPU" if ref is None
              else f"{ref.name}, the one the times were modeled with" if ref.modeled
