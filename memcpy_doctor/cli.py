@@ -191,24 +191,31 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
                    "would (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); one trace per rank.")
 @click.option("--no-report", is_flag=True, hidden=True,
               help="Write the trace only (the ranks of --ranks: the launcher reports).")
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.option("-m", "--module", metavar="MODULE", default=None,
+              help="Run MODULE as `python -m MODULE ARGS` would, instead of a SCRIPT; "
+                   "everything after it is the module's.")
+@click.argument("script", required=False, type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(device: str, device_profile: str | None, output: str, sort: str,
             log_transfers: int, timeline_events: int, apply_path: str | None,
             chrome_trace: str | None, compiled_calls: int | None, light: bool, gate: bool,
             limits, baseline,
             tolerances, allow, config_path, gate_format: str, ranks: int | None,
-            no_report: bool, script: str, args: tuple[str, ...]) -> None:
-    """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would, then print the Profiling Report
-    (to stderr) and write the trace. Options after SCRIPT belong to the script.
+            no_report: bool, module: str | None, script: str | None,
+            args: tuple[str, ...]) -> None:
+    """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would (or -m MODULE [ARGS]... as
+    `python -m MODULE ARGS`), then print the Profiling Report (to stderr) and write the
+    trace. Options after SCRIPT (or MODULE) belong to the program.
 
     Under torchrun (RANK and WORLD_SIZE set) or with --ranks N, each rank writes its own
     trace, the rank before the extension: -o trace.json gives trace.rank0.json, ..."""
     from .run.profile import ProfileOptions, prepare_profile, this_rank
+    script, args = _program(module, script, args)
     options = ProfileOptions(script, args, device, device_profile, output, sort, log_transfers,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
                              gate_format=gate_format, compiled_calls_traced=compiled_calls,
-                             light=light, timeline_events=timeline_events)
+                             light=light, timeline_events=timeline_events,
+                             module=module is not None)
     with _usage_errors():
         rank = this_rank(ranks)
         config = None
@@ -221,6 +228,29 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         if ranks is not None:
             sys.exit(_profile_ranks(plan, ranks))
         sys.exit(_profile_here(plan))
+
+
+def _check_module(name: str) -> None:
+    """A usage error, one line, when `python -m name` would find nothing to run."""
+    from .run.modules import ModuleTargetError, main_spec
+    try:
+        main_spec(name)
+    except ModuleTargetError as e:
+        raise UsageProblem(f"-m {name}: {e}") from None
+
+
+def _program(module: str | None, script: str | None,
+             args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """(SCRIPT or MODULE, the program's arguments); a usage error for a SCRIPT that is not
+    a file, or for neither."""
+    if module is not None:
+        return module, ((script,) if script is not None else ()) + args
+    if script is None:
+        raise UsageProblem("missing SCRIPT (or -m MODULE): the program to profile")
+    if not os.path.isfile(script):
+        why = "is a directory" if os.path.isdir(script) else "does not exist"
+        raise UsageProblem(f"Invalid value for 'SCRIPT': File {script!r} {why}.")
+    return script, args
 
 
 def _profile_here(plan: ProfilePlan) -> int:
@@ -242,7 +272,7 @@ def _profile_here(plan: ProfilePlan) -> int:
 
     result = run_profile(plan, on_hard_exit)
     if result.exception is not None:
-        sys.stderr.write(format_exception(result.exception, plan.options.script))
+        sys.stderr.write(format_exception(result.exception, plan.main_path))
     elif result.exit_message is not None:
         sys.stderr.write(result.exit_message + "\n")
     sys.stderr.flush()
@@ -299,12 +329,14 @@ def report(traces: tuple[str, ...], sort: str, execution_traces: tuple[str, ...]
               help="Profile SCRIPT (the arguments after it are its own; put -- before those "
                    "that start with -), then re-run it with each suggestion applied, one at "
                    "a time, and mark each verified or not; drop those that made it worse.")
+@click.option("--verify-module", "verify_module", metavar="MODULE", default=None, hidden=True,
+              help="--verify -m MODULE: as --verify SCRIPT, for `python -m MODULE`.")
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default=DEFAULT_DEVICE,
               show_default=True, help="With --verify: the device its runs use.")
 @_et_option
 @_mixed_option
 def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | None,
-            verify_script: str | None, device: str,
+            verify_script: str | None, verify_module: str | None, device: str,
             execution_traces: tuple[str, ...], allow_mixed: bool) -> None:
     """Explain each copy the host waited for in a saved TRACE (default: the one `profile`
     last wrote here): producer -> copy -> consumer at their lines, and the edits that remove
@@ -315,16 +347,19 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
     each group of ranks with the same copies once."""
     with _usage_errors():
         cwd = os.getcwd()
-        if verify_script is not None:
+        if verify_script is not None or verify_module is not None:
             from .run.verify import verify
             if execution_traces:
                 raise UsageProblem("--execution-trace goes with torch.profiler TRACES, not "
                                    "--verify (which profiles SCRIPT itself)")
-            if verify_script.endswith((".json", ".json.gz")):
+            if verify_script is not None and verify_script.endswith((".json", ".json.gz")):
                 raise UsageProblem(f"--verify {verify_script}: give the program to run "
                                    "(explain --verify train.py), not a trace")
             from .render.explain import render_verification
-            checked = verify(verify_script, list(traces), device, cwd)
+            if verify_module is not None:
+                _check_module(verify_module)
+            target = ["-m", verify_module] if verify_module is not None else [verify_script]
+            checked = verify(target, list(traces), device, cwd)
             click.echo(render_verification(checked.explanation, checked.kept, checked.tried,
                                            checked.dropped, checked.not_worth_it, fmt, cwd),
                        nl=False)
@@ -476,9 +511,38 @@ def _emit(text: str, output: str | None) -> None:
         write_text(text, output)
 
 
+def _module_argv(argv: list[str]) -> list[str]:
+    """`profile [OPTIONS] -m MODULE ARGS...` with `--` put after MODULE, so that ARGS are the
+    module's even where they look like options, as after `python -m MODULE`; and
+    `explain --verify -m MODULE` as `explain --verify-module MODULE`."""
+    if not argv or argv[0] not in ("profile", "explain"):
+        return argv
+    command = cli.commands[argv[0]]
+    valued = {o for p in command.params if isinstance(p, click.Option)
+              and not p.is_flag and not p.count for o in p.opts}
+    out, i = [argv[0]], 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or not token.startswith("-") or token == "-":
+            break  # the program (or the traces) from here on
+        if argv[0] == "explain" and token == "--verify" and argv[i + 1:i + 2] == ["-m"]:
+            return out + ["--verify-module", *argv[i + 2:]]
+        if argv[0] == "profile" and token in ("-m", "--module") and i + 1 < len(argv):
+            return out + [token, argv[i + 1], "--", *argv[i + 2:]]
+        if argv[0] == "profile" and token.startswith(("--module=", "-m")) and token != "-m":
+            return out + [token, "--", *argv[i + 1:]]
+        out.append(token)
+        if token in valued:  # its value follows
+            out += argv[i + 1:i + 2]
+            i += 1
+        i += 1
+    return out + argv[i:]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click's usage errors become one line on stderr and exit status 2."""
     try:
+        argv = _module_argv(list(sys.argv[1:] if argv is None else argv))
         cli.main(args=argv, prog_name="memcpy-doctor", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)

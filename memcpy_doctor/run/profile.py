@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING, Callable
 
 from ..core.costmodel import ProfileError
@@ -23,6 +24,7 @@ from ..render.text import render_text
 from .apply import ApplyError, Edit, load_edits
 from .config import GateConfig
 from .gating import check_formats, rank_baseline
+from .modules import ModuleTargetError, main_spec
 from .rankenv import RankError, RankInfo, path_for, rank_info
 from .runner import RunResult, run_script
 from .traces import InputError, load_trace, load_traces, write_text
@@ -53,6 +55,12 @@ class ProfileOptions:
     light: bool = False  # --light: syncs only, from sync-debug mode (tracer/light.py)
     #: the run's first events kept in order in the trace's timeline (tracer/events.py)
     timeline_events: int = TIMELINE_EVENTS
+    module: bool = False  # -m: `script` is a module's name, run as `python -m` runs it
+
+    @property
+    def target(self) -> list[str]:
+        """What names the program on a command line: `SCRIPT`, or `-m MODULE`."""
+        return ["-m", self.script] if self.module else [self.script]
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,9 @@ class ProfilePlan:
     chrome_trace: str | None
     tracer: Tracer | LightTracer
     edits: list[Edit] | None
+    #: the file that runs as __main__ (the script, or the module's), and the module's spec
+    main_path: str = ""
+    spec: ModuleSpec | None = None
 
 
 def this_rank(ranks: int | None) -> RankInfo | None:
@@ -115,13 +126,21 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
         edits = load_edits(options.apply_path) if options.apply_path else None
     except ApplyError as e:
         raise InputError(str(e)) from None
-    return ProfilePlan(options, rank, config, output, out_path, chrome_trace, tracer, edits)
+    spec = None
+    if options.module:
+        try:
+            spec = main_spec(options.script)
+        except ModuleTargetError as e:
+            raise InputError(f"-m {options.script}: {e}") from None
+    main_path = spec.origin if spec is not None else os.path.abspath(options.script)
+    return ProfilePlan(options, rank, config, output, out_path, chrome_trace, tracer, edits,
+                       main_path, spec)
 
 
 def _tracer(options: ProfileOptions, chrome_trace: str | None) -> Tracer:
     from ..tracer import Tracer  # torch is imported here, when a run is about to start
     return Tracer(device=options.device, profile=options.device_profile,
-                  command=["memcpy-doctor", "profile", options.script, *options.args],
+                  command=["memcpy-doctor", "profile", *options.target, *options.args],
                   log_transfers=options.log_transfers,
                   timeline_events=options.timeline_events,
                   chrome_events=CHROME_EVENTS if chrome_trace else 0,
@@ -139,7 +158,7 @@ def _light_tracer(options: ProfileOptions) -> LightTracer:
     from ..tracer.light import LightTracer  # imports torch
     try:
         return LightTracer(device=options.device, profile=options.device_profile,
-                           command=["memcpy-doctor", "profile", "--light", options.script,
+                           command=["memcpy-doctor", "profile", "--light", *options.target,
                                     *options.args])
     except ValueError as e:
         raise InputError(str(e)) from None
@@ -153,8 +172,8 @@ def run_profile(plan: ProfilePlan,
     is the user's choice of device, not the script's error."""
     options = plan.options
     try:
-        return run_script(options.script, list(options.args), plan.tracer, plan.edits,
-                          on_hard_exit, plan.rank)
+        return run_script(plan.main_path if plan.spec else options.script, list(options.args),
+                          plan.tracer, plan.edits, on_hard_exit, plan.rank, plan.spec)
     except (RuntimeError, ValueError) as e:
         if plan.tracer.trace is None:
             raise InputError(str(e)) from None

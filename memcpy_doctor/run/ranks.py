@@ -66,7 +66,7 @@ def rank_command(plan: ProfilePlan) -> list[str]:
         cmd += ["--chrome-trace", os.path.abspath(plan.chrome_trace)]
     if options.light:
         cmd.append("--light")
-    return cmd + [options.script, *options.args]
+    return cmd + [*options.target, *options.args]
 
 
 def _trace_paths(plan: ProfilePlan, n: int) -> list[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""Run a script exactly as `python SCRIPT ARGS` would, under a tracer.
+"""Run a script exactly as `python SCRIPT ARGS` would (or a module as `python -m MODULE ARGS`),
+under a tracer.
 
 `__name__ == "__main__"`, `sys.argv` and `sys.path[0]` are the script's while it runs and
 restored after. The script's own exceptions are caught only to be handed back to the CLI,
@@ -29,6 +30,7 @@ import traceback
 import types
 import warnings
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .apply import Edit, apply_edits
@@ -64,34 +66,45 @@ def _exit_status(code: object) -> tuple[int, str | None]:
     return 1, str(code)
 
 
-def _main_module(path: str) -> types.ModuleType:
-    """A fresh `__main__` module, set up as `python SCRIPT` sets it up."""
+def _main_module(path: str, spec: ModuleSpec | None = None) -> types.ModuleType:
+    """A fresh `__main__` module, set up as `python SCRIPT` sets it up, or, with `spec`, as
+    `python -m MODULE` does (runpy's _run_module_as_main)."""
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None
-    main.__package__ = None
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     main.__builtins__ = builtins
+    if spec is None:
+        main.__package__ = None
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+        return main
+    main.__package__ = spec.parent
+    main.__loader__ = spec.loader
+    main.__spec__ = spec
+    main.__cached__ = spec.cached
     return main
 
 
 def run_script(script: str, args: list[str], tracer: Tracer,
                edits: list[Edit] | None = None,
                on_hard_exit: Callable[[RunResult], None] | None = None,
-               rank: RankInfo | None = None) -> RunResult:
+               rank: RankInfo | None = None, spec: ModuleSpec | None = None) -> RunResult:
     """Run `script` under `tracer`; the trace covers whatever ran, however it ended. `edits`
     (from `profile --apply`) are applied to the script's code in memory. `on_hard_exit` gets
     the result when the script calls os._exit or is ended by a signal (SIGTERM, SIGHUP), just
-    before the process ends. `rank` (one process of a distributed run) goes in the meta."""
+    before the process ends. `rank` (one process of a distributed run) goes in the meta.
+    With `spec` (`profile -m`: run/modules.py), the module it names runs as `python -m`
+    runs it: `sys.argv[0]` its file, `sys.path[0]` the current directory, `__spec__` and
+    `__package__` its own; `script` is then its file."""
     path = os.path.abspath(script)
     saved_argv = sys.argv[:]
     saved_path0 = sys.path[0] if sys.path else None
     saved_main = sys.modules.get("__main__")
-    sys.argv = [script, *args]
+    sys.argv = [path if spec is not None else script, *args]
+    first = os.getcwd() if spec is not None else os.path.dirname(os.path.realpath(script))
     if sys.path:
-        sys.path[0] = os.path.dirname(os.path.realpath(script))
+        sys.path[0] = first
     else:
-        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+        sys.path.insert(0, first)
     status, ended_by, exc, message = 0, "completed", None, None
     missed: list[Edit] = []
     try:
@@ -105,7 +118,7 @@ def run_script(script: str, args: list[str], tracer: Tracer,
         except SyntaxError as e:  # nothing ran: Python prints it without a traceback
             e.__traceback__ = None
             raise
-        main = _main_module(path)
+        main = _main_module(path, spec)
         sys.modules["__main__"] = main
         tracer.start()
         try:

@@ -163,12 +163,13 @@ class Verification:
     not_worth_it: list[Suggestion]  # estimated to save nothing: not re-run
 
 
-def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
-    """Profile SCRIPT ARGS, then re-run it with each suggestion applied (module docstring).
-    InputError when a run leaves no trace (the program could not start, say)."""
+def verify(target: list[str], args: list[str], device: str, cwd: str) -> Verification:
+    """Profile the program (`target`: [SCRIPT], or ["-m", MODULE]) with ARGS, then re-run it
+    with each suggestion applied (module docstring). InputError when a run leaves no trace
+    (the program could not start, say)."""
     with tempfile.TemporaryDirectory(prefix="memcpy-doctor-verify-") as tmp:
-        before, printed = _profile(script, args, device, os.path.join(tmp, "before.json"), None)
-        _, again = _profile(script, args, device, os.path.join(tmp, "again.json"), None)
+        before, printed = _profile(target, args, device, os.path.join(tmp, "before.json"), None)
+        _, again = _profile(target, args, device, os.path.join(tmp, "again.json"), None)
         explanation = explain(before)
         kept, tried, dropped, aside = [], [], [], []
         for i, s in enumerate(suggest(before, explanation, cwd, not_worth_it=aside)):
@@ -178,7 +179,7 @@ def verify(script: str, args: list[str], device: str, cwd: str) -> Verification:
             edit = os.path.join(tmp, f"edit{i}.json")
             with open(edit, "w", encoding="utf-8") as f:
                 json.dump({"suggestions": [{"apply": s.apply}]}, f)
-            after, edited = _profile(script, args, device,
+            after, edited = _profile(target, args, device,
                                      os.path.join(tmp, f"after{i}.json"), edit)
             s.verified = Verified((before.summary.memcpy_sync.calls,
                                    after.summary.memcpy_sync.calls),
@@ -200,7 +201,7 @@ def _ending(trace: Trace) -> str:
     return f"{trace.meta.ended_by}, exit status {trace.meta.exit_status}"
 
 
-def _profile(script: str, args: list[str], device: str, out: str,
+def _profile(target: list[str], args: list[str], device: str, out: str,
              apply: str | None) -> tuple[Trace, list[str]]:
     """One `memcpy-doctor profile` run in its own process: its trace, and the lines the
     script printed on stdout (`--no-report` keeps memcpy-doctor's own messages on stderr)."""
@@ -208,9 +209,9 @@ def _profile(script: str, args: list[str], device: str, out: str,
                "--device", device, "-o", out]
     if apply is not None:
         command += ["--apply", apply]
-    done = subprocess.run(command + [script, *args], capture_output=True, text=True)
+    done = subprocess.run(command + [*target, *args], capture_output=True, text=True)
     try:
         return Trace.load(out), done.stdout.splitlines()
     except TraceError:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise InputError(f"--verify: {script} left no trace ({tail[0]})") from None
+        raise InputError(f"--verify: {' '.join(target)} left no trace ({tail[0]})") from None
