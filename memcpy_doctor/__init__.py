@@ -56,5 +56,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext memcpy_doctor` in IPython or Jupyter: the `%memcpy_doctor` and
+    `%%memcpy_doctor` magics (memcpy_doctor/ipython.py)."""
+    from .ipython import load_ipython_extension as load
+    load(ipython)
+
+
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})

@@ -206,6 +206,17 @@ class Trace:
     #: before they were looked for, and in light and imported ones
     races: list[RaceRecord] = field(default_factory=list)
 
+    # ----- display (IPython, Jupyter: memcpy_doctor/ipython.py) -----
+    def _repr_html_(self) -> str:
+        """The report as HTML, for a notebook's rich display."""
+        from ..render.notebook import trace_html  # (the renderers are not core's to import)
+        return trace_html(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """The text report, where IPython shows text (a terminal)."""
+        from ..render.text import render_text
+        printer.text(render_text(self))
+
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
         s = self.summary
