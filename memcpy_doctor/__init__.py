@@ -58,8 +58,8 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext memcpy_doctor` in IPython or Jupyter: the `%memcpy_doctor` and
-    `%%memcpy_doctor` magics (memcpy_doctor/ipython.py)."""
-    from .ipython import load_ipython_extension as load
+    `%%memcpy_doctor` magics (memcpy_doctor/run/ipython.py)."""
+    from .run.ipython import load_ipython_extension as load
     load(ipython)
 
 

@@ -30,13 +30,12 @@ from .core.defaults import (DEFAULT_CALIBRATED_PROFILE, DEFAULT_DEVICE, DEFAULT_
                             TIMELINE_EVENTS)
 from .core.trace import Trace
 from .core.units import parse_bytes
-from .render.explain import FORMATS as EXPLAIN_FORMATS, render_explain, render_logs
+from .render.explain import FORMATS as EXPLAIN_FORMATS, render_logs
 from .render.text import render_reports
 from .run.config import GateConfig, load_config, merge
 from .run.gating import CHECK_FORMATS, gate_traces
-from .run.rankenv import rank_path
-from .kineto.sniff import is_kineto_file
-from .run.traces import InputError, load_traces, write_text
+from .run.modules import module_argv, module_spec_or_error, program
+from .run.traces import InputError, import_traces, load_traces, write_text
 
 if TYPE_CHECKING:
     from .run.profile import ProfilePlan
@@ -210,7 +209,10 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
     Under torchrun (RANK and WORLD_SIZE set) or with --ranks N, each rank writes its own
     trace, the rank before the extension: -o trace.json gives trace.rank0.json, ..."""
     from .run.profile import ProfileOptions, prepare_profile, this_rank
-    script, args = _program(module, script, args)
+    try:
+        script, args = program(module, script, args)
+    except ValueError as e:
+        raise UsageProblem(str(e)) from None
     options = ProfileOptions(script, args, device, device_profile, output, sort, log_transfers,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
                              gate_format=gate_format, compiled_calls_traced=compiled_calls,
@@ -228,29 +230,6 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
         if ranks is not None:
             sys.exit(_profile_ranks(plan, ranks))
         sys.exit(_profile_here(plan))
-
-
-def _check_module(name: str) -> None:
-    """A usage error, one line, when `python -m name` would find nothing to run."""
-    from .run.modules import ModuleTargetError, main_spec
-    try:
-        main_spec(name)
-    except ModuleTargetError as e:
-        raise UsageProblem(f"-m {name}: {e}") from None
-
-
-def _program(module: str | None, script: str | None,
-             args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    """(SCRIPT or MODULE, the program's arguments); a usage error for a SCRIPT that is not
-    a file, or for neither."""
-    if module is not None:
-        return module, ((script,) if script is not None else ()) + args
-    if script is None:
-        raise UsageProblem("missing SCRIPT (or -m MODULE): the program to profile")
-    if not os.path.isfile(script):
-        why = "is a directory" if os.path.isdir(script) else "does not exist"
-        raise UsageProblem(f"Invalid value for 'SCRIPT': File {script!r} {why}.")
-    return script, args
 
 
 def _profile_here(plan: ProfilePlan) -> int:
@@ -357,7 +336,10 @@ def explain(traces: tuple[str, ...], fmt: str, log: bool, device_memory: str | N
                                    "(explain --verify train.py), not a trace")
             from .render.explain import render_verification
             if verify_module is not None:
-                _check_module(verify_module)
+                try:
+                    module_spec_or_error(verify_module)
+                except ValueError as e:
+                    raise UsageProblem(str(e)) from None
             target = ["-m", verify_module] if verify_module is not None else [verify_script]
             checked = verify(target, list(traces), device, cwd)
             click.echo(render_verification(checked.explanation, checked.kept, checked.tried,
@@ -406,20 +388,8 @@ def import_cmd(traces: tuple[str, ...], output: str, execution_traces: tuple[str
     measured on the GPU that recorded them (docs/kineto.md). Several TRACES must be the
     ranks of one run (their distributedInfo says which)."""
     with _usage_errors():
-        loaded, names = load_traces(traces, execution_traces)
-        ours = [n for n in names if not is_kineto_file(n)]
-        if ours:
-            raise UsageProblem(f"import: {ours[0]}: give torch.profiler traces (a "
-                               "memcpy-doctor trace needs no import)")
-        for t in loaded:
-            path = output if len(loaded) == 1 else rank_path(output, t.meta.rank)
-            try:
-                t.save(path)
-            except OSError as e:
-                raise UsageProblem(f"-o {path}: cannot write ({e.strerror or e})") from None
-            _say(f"memcpy-doctor: {t.summary.memcpy_all.calls} copies "
-                 f"({t.summary.memcpy_sync.calls} waited for) from {t.meta.device_name}, "
-                 f"written to {path}")
+        for line in import_traces(traces, execution_traces, output):
+            _say(line)
 
 
 @cli.command(name="check")
@@ -511,38 +481,10 @@ def _emit(text: str, output: str | None) -> None:
         write_text(text, output)
 
 
-def _module_argv(argv: list[str]) -> list[str]:
-    """`profile [OPTIONS] -m MODULE ARGS...` with `--` put after MODULE, so that ARGS are the
-    module's even where they look like options, as after `python -m MODULE`; and
-    `explain --verify -m MODULE` as `explain --verify-module MODULE`."""
-    if not argv or argv[0] not in ("profile", "explain"):
-        return argv
-    command = cli.commands[argv[0]]
-    valued = {o for p in command.params if isinstance(p, click.Option)
-              and not p.is_flag and not p.count for o in p.opts}
-    out, i = [argv[0]], 1
-    while i < len(argv):
-        token = argv[i]
-        if token == "--" or not token.startswith("-") or token == "-":
-            break  # the program (or the traces) from here on
-        if argv[0] == "explain" and token == "--verify" and argv[i + 1:i + 2] == ["-m"]:
-            return out + ["--verify-module", *argv[i + 2:]]
-        if argv[0] == "profile" and token in ("-m", "--module") and i + 1 < len(argv):
-            return out + [token, argv[i + 1], "--", *argv[i + 2:]]
-        if argv[0] == "profile" and token.startswith(("--module=", "-m")) and token != "-m":
-            return out + [token, "--", *argv[i + 1:]]
-        out.append(token)
-        if token in valued:  # its value follows
-            out += argv[i + 1:i + 2]
-            i += 1
-        i += 1
-    return out + argv[i:]
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click's usage errors become one line on stderr and exit status 2."""
     try:
-        argv = _module_argv(list(sys.argv[1:] if argv is None else argv))
+        argv = module_argv(list(sys.argv[1:] if argv is None else argv), cli.commands)
         cli.main(args=argv, prog_name="memcpy-doctor", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)

@@ -4,9 +4,6 @@ displays itself as HTML in a notebook and as the text report in a terminal."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 IPython = pytest.importorskip("IPython")
@@ -16,7 +13,7 @@ from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
 from memcpy_doctor.core.trace import Trace  # noqa: E402
-from memcpy_doctor.ipython import TRACE_NAME, parse_options  # noqa: E402
+from memcpy_doctor.run.ipython import TRACE_NAME, parse_options  # noqa: E402
 
 CELL = """\
 import torch
@@ -103,13 +100,13 @@ def test_options_and_the_statement_after_them():
         "x = f('--light')")
 
 
-def test_a_trace_shows_its_report_as_text_in_a_terminal():
-    """IPython's plain-text display (what a terminal shows) is the report."""
-    code = ("from IPython.lib.pretty import pretty\n"
-            "import sys\nsys.path.insert(0, 'tests')\n"
-            "from helpers import make_trace\n"
-            "print(pretty(make_trace()).splitlines()[0])\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=str(__import__("pathlib").Path(__file__).parents[1]))
-    assert done.stdout.strip() == ("-------------------------      Profiling Report       "
-                                   "-------------------------"), done.stderr
+def test_a_trace_shows_its_report_as_text_in_a_terminal(shell):
+    """IPython's plain-text display (what a terminal shows) is the report, once loaded;
+    elsewhere a trace's repr is one line."""
+    from helpers import make_trace
+    data, _ = shell.display_formatter.format(make_trace())
+    assert data["text/plain"].splitlines()[0] == (
+        "-------------------------      Profiling Report       -------------------------")
+    assert "Sync copies" in data["text/html"]
+    assert repr(make_trace()) == ("<Trace of simulated NVIDIA A100-SXM4-80GB: 10 ms, 19 "
+                                  "copies, 14 waited for>")

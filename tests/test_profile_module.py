@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import cli_in_process
-from memcpy_doctor.cli import _module_argv
+from memcpy_doctor.cli import cli
+from memcpy_doctor.run.modules import module_argv
 from memcpy_doctor.core.trace import Trace
 
 #: What the module reports of how it runs, then a loop of three reads from the device.
@@ -123,4 +124,4 @@ def test_light_ranks_apply_and_verify_take_the_module(project):
     (["report", "-m"], ["report", "-m"]),
 ])
 def test_the_command_line_stops_at_the_module_as_python_does(argv, expected):
-    assert _module_argv(argv) == expected
+    assert module_argv(argv, cli.commands) == expected

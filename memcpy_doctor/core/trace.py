@@ -206,16 +206,12 @@ class Trace:
     #: before they were looked for, and in light and imported ones
     races: list[RaceRecord] = field(default_factory=list)
 
-    # ----- display (IPython, Jupyter: memcpy_doctor/ipython.py) -----
-    def _repr_html_(self) -> str:
-        """The report as HTML, for a notebook's rich display."""
-        from ..render.notebook import trace_html  # (the renderers are not core's to import)
-        return trace_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """The text report, where IPython shows text (a terminal)."""
-        from ..render.text import render_text
-        printer.text(render_text(self))
+    def __repr__(self) -> str:
+        """One line: where it ran and what it holds (the report is render_text's)."""
+        m, s = self.meta, self.summary
+        where = f"simulated {m.device_name}" if m.simulated else m.device_name
+        return (f"<Trace of {where}: {s.total_ns / 1e6:.6g} ms, {s.memcpy_all.calls} copies, "
+                f"{s.memcpy_sync.calls} waited for>")
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import importlib.util
 import os
 import sys
 from importlib.machinery import ModuleSpec
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 
 class ModuleTargetError(ValueError):
@@ -72,3 +72,53 @@ def cwd_first() -> Iterator[None]:
     finally:
         if saved is not None:
             sys.path[0] = saved
+
+
+def module_spec_or_error(name: str) -> ModuleSpec:
+    """main_spec, with its error as the command line says it: ValueError "-m NAME: why"."""
+    try:
+        return main_spec(name)
+    except ModuleTargetError as e:
+        raise ValueError(f"-m {name}: {e}") from None
+
+
+def program(module: str | None, script: str | None,
+            args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """`profile`'s program: (SCRIPT or MODULE, its arguments); ValueError, one line as click
+    words it, for a SCRIPT that is not a file, or for neither."""
+    if module is not None:
+        return module, ((script,) if script is not None else ()) + args
+    if script is None:
+        raise ValueError("missing SCRIPT (or -m MODULE): the program to profile")
+    if not os.path.isfile(script):
+        why = "is a directory" if os.path.isdir(script) else "does not exist"
+        raise ValueError(f"Invalid value for 'SCRIPT': File {script!r} {why}.")
+    return script, args
+
+
+def module_argv(argv: list[str], commands: Mapping[str, Any]) -> list[str]:
+    """`profile [OPTIONS] -m MODULE ARGS...` with `--` put after MODULE, so that ARGS are the
+    module's even where they look like options, as after `python -m MODULE`; and
+    `explain --verify -m MODULE` as `explain --verify-module MODULE`. `commands`: the CLI's
+    commands by name (click's), for which of their options take a value."""
+    if not argv or argv[0] not in ("profile", "explain"):
+        return argv
+    valued = {o for p in commands[argv[0]].params
+              if hasattr(p, "is_flag") and not p.is_flag and not p.count for o in p.opts}
+    out, i = [argv[0]], 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or not token.startswith("-") or token == "-":
+            break  # the program (or the traces) from here on
+        if argv[0] == "explain" and token == "--verify" and argv[i + 1:i + 2] == ["-m"]:
+            return out + ["--verify-module", *argv[i + 2:]]
+        if argv[0] == "profile" and token in ("-m", "--module") and i + 1 < len(argv):
+            return out + [token, argv[i + 1], "--", *argv[i + 2:]]
+        if argv[0] == "profile" and token.startswith(("--module=", "-m")) and token != "-m":
+            return out + [token, "--", *argv[i + 1:]]
+        out.append(token)
+        if token in valued:  # its value follows
+            out += argv[i + 1:i + 2]
+            i += 1
+        i += 1
+    return out + argv[i:]

@@ -28,7 +28,7 @@ import time
 from ..core.defaults import RUN_START_SPREAD_S, UNRECORDED_DEVICE
 from ..kineto.sniff import is_kineto_file
 from ..core.trace import Meta, Trace, TraceError
-from .rankenv import RankError, expand_traces
+from .rankenv import RankError, expand_traces, rank_path
 
 
 class InputError(Exception):
@@ -175,6 +175,29 @@ def _span(seconds: float) -> str:
 
 def _when(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
+
+
+def import_traces(args: tuple[str, ...] | list[str], execution_traces: tuple[str, ...],
+                  output: str) -> list[str]:
+    """`memcpy-doctor import`: save the torch.profiler traces `args` name (one run's ranks:
+    `output` named by rank, rankenv.rank_path) as memcpy-doctor traces; the line to say for
+    each. InputError for a trace that is memcpy-doctor's already, or one not written."""
+    loaded, names = load_traces(args, execution_traces)
+    ours = [n for n in names if not is_kineto_file(n)]
+    if ours:
+        raise InputError(f"import: {ours[0]}: give torch.profiler traces (a memcpy-doctor "
+                         "trace needs no import)")
+    said = []
+    for t in loaded:
+        path = output if len(loaded) == 1 else rank_path(output, t.meta.rank)
+        try:
+            t.save(path)
+        except OSError as e:
+            raise InputError(f"-o {path}: cannot write ({e.strerror or e})") from None
+        said.append(f"memcpy-doctor: {t.summary.memcpy_all.calls} copies "
+                    f"({t.summary.memcpy_sync.calls} waited for) from {t.meta.device_name}, "
+                    f"written to {path}")
+    return said
 
 
 def write_text(text: str, path: str) -> None:

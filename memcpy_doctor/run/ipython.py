@@ -6,8 +6,9 @@
 profiles the cell, and `%memcpy_doctor [OPTIONS] STATEMENT` one line. The code runs as the
 cell would without the magic (IPython's own `run_cell`: its outputs, its display, its
 exceptions shown as IPython shows them, its names in the notebook's namespace); then the
-report is displayed: a `Trace` shows itself as HTML in a notebook and as the text report in a
-terminal. The last trace is kept as `_memcpy_doctor_trace` in the namespace, for `explain`
+report is displayed: once the extension is loaded, a `Trace` shows itself as HTML in a
+notebook and as the text report in a terminal (IPython display formatters, registered by
+type name, so that core/trace.py stays a data model that renders nothing). The last trace is kept as `_memcpy_doctor_trace` in the namespace, for `explain`
 (`memcpy_doctor.render_text`, `trace.save(...)`). The tracer is stopped however the code
 ends, also when it raises.
 
@@ -24,7 +25,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .core.defaults import DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEVICE_CHOICES, SORT_KEYS
+from ..core.defaults import DEFAULT_DEVICE, DEFAULT_SORT_KEY, DEVICE_CHOICES, SORT_KEYS
 
 #: The name the last profiled trace is kept under in the user's namespace.
 TRACE_NAME = "_memcpy_doctor_trace"
@@ -105,12 +106,25 @@ class MemcpyDoctorMagics(Magics):
 
 def _tracer(opts: dict[str, Any]) -> Any:
     if opts["light"]:
-        from .tracer.light import LightTracer
+        from ..tracer.light import LightTracer
         return LightTracer(device=opts["device"], command=["%memcpy_doctor"])
-    from .tracer import Tracer
+    from ..tracer import Tracer
     return Tracer(device=opts["device"], command=["%memcpy_doctor"])
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext memcpy_doctor`: register the magics."""
+    """`%load_ext memcpy_doctor`: register the magics, and how a Trace displays."""
     ipython.register_magics(MemcpyDoctorMagics)
+    formatters = ipython.display_formatter.formatters
+    formatters["text/html"].for_type_by_name("memcpy_doctor.core.trace", "Trace", _html)
+    formatters["text/plain"].for_type_by_name("memcpy_doctor.core.trace", "Trace", _pretty)
+
+
+def _html(trace: Any) -> str:
+    from ..render.notebook import trace_html
+    return trace_html(trace)
+
+
+def _pretty(trace: Any, printer: Any, cycle: bool) -> None:
+    from ..render.text import render_text
+    printer.text(render_text(trace))
