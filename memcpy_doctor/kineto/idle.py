@@ -5,15 +5,19 @@ When the host waits for the device (a sync copy, `cudaStreamSynchronize`,
 idle until the host, back from the wait, launches the next. That idle time is what the sync
 costs the GPU, and what ranks syncs for a user who wants the GPU busy.
 
-For a sync returning at `r` (the end of its wait's runtime call): the device work on the
-stream it waited for (a sync copy's stream; every stream for the other waits) that began last
-at or before `r` ended at `end`; the work that began first after `r` starts at `next`. When
-nothing was still running at `r` and `next`'s runtime call was made after `end` (the host, not
-the device, held it up: HolisticTraceAnalysis's test for "host wait", breakdown_analysis.py
-`_analyze_idle_time_for_stream`), the sync's idle time is `next - end`; else 0. Device work is
-a kernel, a copy or a memset. One idle stretch counts once, for the first sync to return inside
-it (the one that drained the queue; a second sync in the same stretch found nothing to wait
-for). Work with no runtime call (no launch on record) cannot show who held it up: 0.
+For a sync whose wait began at `c` and returned at `r` (a wait's runtime call; a sync copy's
+launch, then its return or that of the stream sync after it): the device
+work on the stream it waited for (a sync copy's stream; every stream for the other waits)
+that began last at or before `r` ended at `end`; the work that began first after `r` starts
+at `next`. The sync's idle time is `next - end` when the sync drained the queue and the host,
+back from it, held the next work up: the device was still busy when the host began to wait
+(`end > c`; a sync called on a device already dry caused none of its idle), nothing still ran
+at `r`, and `next`'s runtime call was made at or after `r` (work queued before the return,
+such as a pageable copy's own transfer, was not held up by it). Else 0. This is stricter than
+HolisticTraceAnalysis's "host wait" (breakdown_analysis.py `_analyze_idle_time_for_stream`:
+any gap whose next op was launched after the gap opened, sync or not). Device work is a
+kernel, a copy or a memset. One idle stretch counts once, for the first sync to return
+inside it. Work with no runtime call (no launch on record) cannot show who held it up: 0.
 
 The lookups are indexed queries on the events' store (kineto/events.py), a few per sync, so a
 trace's size does not change what each costs.
@@ -47,14 +51,15 @@ class DeviceIdle:
         self._targets: dict[Hashable, int] = {}
         self._rows: list[tuple] = []
 
-    def claim(self, returned_us: float, target: Hashable, copy: int | None = None) -> None:
-        """A sync that returned at `returned_us` (trace time, us), named `target`: a sync
-        copy (`copy`, its event's id), which waited for its stream, or a wait for every
-        stream (None)."""
+    def claim(self, began_us: float, returned_us: float, target: Hashable,
+              copy: int | None = None) -> None:
+        """A sync whose wait began at `began_us` and returned at `returned_us` (trace time,
+        us), named `target`: a sync copy (`copy`, its event's id), which waited for its
+        stream, or a wait for every stream (None)."""
         stream = None
         if copy is not None:
             stream = self._events.query("SELECT sk FROM ev WHERE id = ?", (copy,)).fetchone()[0]
-        found = self._stretch(returned_us, stream)
+        found = self._stretch(began_us, returned_us, stream)
         if found is None:
             return
         number = self._targets.setdefault(target, len(self._targets))
@@ -75,11 +80,12 @@ class DeviceIdle:
             "SELECT target, sum(ns) FROM (SELECT target, ns, min(r) FROM idle GROUP BY next) "
             "GROUP BY target")}
 
-    def _stretch(self, r: float, stream: int | None) -> tuple[int, int] | None:
-        """(the id of the work that ends the idle stretch around `r`, its ns), or None when
-        the device was busy at `r`, nothing came after, or the host did not hold it up."""
+    def _stretch(self, c: float, r: float, stream: int | None) -> tuple[int, int] | None:
+        """(the id of the work that ends the idle stretch after a wait from `c` to `r`, its
+        ns), or None when the wait drained nothing, the device was busy at `r`, nothing came
+        after, or the host did not hold the next work up."""
         end = self._last_end(r, stream)
-        if end is None or end > r:
+        if end is None or end > r or end <= c:
             return None
         q = self._events.query
         where = "sk = ? AND " if stream is not None else ""
@@ -91,7 +97,7 @@ class DeviceIdle:
         next_id, next_ts, corr = row
         launch = q("SELECT c.ts FROM callof JOIN ev AS c ON c.id = callof.call "
                    "WHERE callof.corr = ?", (corr,)).fetchone() if corr is not None else None
-        if launch is None or launch[0] <= end:
+        if launch is None or launch[0] < r:
             return None
         return next_id, round((next_ts - end) * 1000)
 

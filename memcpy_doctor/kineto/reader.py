@@ -158,10 +158,10 @@ def from_kineto(data: dict, source: str, et: ExecutionTrace | None = None) -> Tr
         key = (direction, sync, pinned, trigger, site, tuple(sites), producer, consumer)
         copies.add(key, e, call, host_ns)
         if sync:
-            returned = (events.end_of(around.wait) if around.wait is not None
-                        else call.ts + call.dur if call is not None else e.ts + e.dur)
-            if e is not None:
-                idle.claim(returned, ("copy", key), e.id)
+            if e is not None and call is not None:  # blocked from its launch to its return
+                returned = (call.ts + call.dur if around.wait is None
+                            else events.end_of(around.wait))
+                idle.claim(call.ts, returned, ("copy", key), e.id)
     waits.claim_idle(idle)
     idle_ns = idle.totals() if not launches_only else None  # (none measured without them)
     records = copies.records(idle_ns)
@@ -257,10 +257,10 @@ class _Waits:
         stream), named ("wait", its kind)."""
         self._flush()
         marks = ",".join("?" * len(self._kinds))
-        for name, end in self._events.db.execute(
-                f"SELECT name, ts + dur FROM ev WHERE k = {RUNTIME} AND name IN ({marks}) "
+        for name, began, end in self._events.db.execute(
+                f"SELECT name, ts, ts + dur FROM ev WHERE k = {RUNTIME} AND name IN ({marks}) "
                 "AND id NOT IN (SELECT id FROM used) ORDER BY ts", list(self._kinds)):
-            idle.claim(end, ("wait", self._kinds[name]))
+            idle.claim(began, end, ("wait", self._kinds[name]))
 
     def records(self, idle: dict | None) -> list[WaitRecord]:
         """The waits that are not a copy's, per kind (in the order each kind first comes),
