@@ -254,10 +254,13 @@ def test_the_alexnet_parameter_uploads_have_no_guessed_reader():
 
 def test_the_profilers_window_is_not_an_event_of_the_span():
     """torch.profiler's `Trace` event is its recording window, which can run on seconds past
-    the last event (sampled_rank0: 3.37 s, with 2.08 s of events): the total is the events'."""
+    the last event (sampled_rank0: 3.37 s, with 1.23 s of events), and its metadata events
+    are stamped with the window's start: the total is the events'."""
     data = kineto_trace()
     data["traceEvents"].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)",
                                 "ts": -100, "dur": 5000, "pid": "Traces", "tid": "PyTorch"})
+    data["traceEvents"].append({"ph": "M", "name": "process_name", "ts": -100, "pid": 1,
+                                "tid": 0, "args": {"name": "trainer"}})  # at the window's start
     assert from_kineto(data, "k.json").summary.total_ns == 520_000
 
 

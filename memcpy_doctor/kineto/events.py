@@ -137,8 +137,8 @@ class Events:
                 try:
                     cat = e.get("cat")
                     cats.add(cat)
-                    if cat == "Trace":  # the profiler's window, not an event in it
-                        continue
+                    if cat == "Trace" or e.get("ph") == "M":  # the profiler's window,
+                        continue  # and the names of processes and threads: no events
                     ts = float(e["ts"])
                     dur = e.get("dur")
                     dur = 0.0 if dur is None else float(dur)
