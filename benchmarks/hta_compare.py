@@ -117,11 +117,11 @@ def rule_idle(events: list, include_last: bool) -> dict:
 
 
 def md_idle(events: list) -> dict:
-    """memcpy-doctor's GPU idle per sync (kineto/idle.py; docs/kineto.md), recomputed from the
-    raw events. Sync copies: a cudaMemcpy, one from or to pageable memory, or one with a
-    cudaStreamSynchronize after it on its thread within its innermost op (then `r` = that
-    sync's end, else the launch call's); other cuda*Synchronize calls are waits, on every
-    stream. Also: the stretches that opened before the host made the sync's call."""
+    """memcpy-doctor's GPU idle per sync (kineto/idle.py), recomputed from the raw events. Sync
+    copies: a cudaMemcpy, one from or to pageable memory, or one with a cudaStreamSynchronize
+    after it on its thread within its innermost op (`r`: that sync's end, else the call's); other
+    cuda*Synchronize calls wait for every stream. end -> next counts if end > c (the call's
+    start; a copy's launch) and next was launched at or after r, once. Also: those left out."""
     ops = sorted((e["ts"], i, e["ts"] + e["dur"], (e.get("pid"), stream_of(e)), e) for i, e
                  in enumerate(events) if e.get("cat") in GPU_CATS and e.get("ph") == "X")
     runtime = {corr(e): e for e in events if e.get("cat") == "cuda_runtime" and e.get("ph") == "X"
@@ -161,25 +161,26 @@ def md_idle(events: list) -> dict:
         claims += [(r, call["ts"], path, stream)] if sync else []
     claims += [(e["ts"] + e["dur"], e["ts"], e["name"], None) for e in events if e.get("cat")
                == "cuda_runtime" and e["name"] in SYNC_CALLS and id(e) not in used]
-    stretches = {}  # next op's index -> (r, ns, target, stream, opened before the call)
-    for r, began, target, stream in claims:
+    stretches, left = {}, {}  # next op's index -> (r, ns, target, stream); -> (ns, why)
+    for r, c, target, stream in claims:
         ends = [by_stream[k][j][2] for k in ([stream] if stream is not None else by_stream)
                 for j in [bisect.bisect_right(starts[k], r) - 1] if j >= 0]  # ties: the later
-        lst = by_stream[stream] if stream is not None else ops
-        j = bisect.bisect_right(starts[stream], r)
+        lst, j = by_stream.get(stream, ops), bisect.bisect_right(starts[stream], r)
         if not ends or max(ends) > r or j == len(lst):
             continue
         end, nxt = max(ends), lst[j]
-        launch = runtime.get(corr(nxt[4]))
-        if launch is not None and launch["ts"] > end and r < stretches.get(nxt[1], (math.inf,))[0]:
-            stretches[nxt[1]] = (r, round((nxt[0] - end) * 1000), target, stream, end < began)
+        launch, ns = runtime.get(corr(nxt[4])), round((nxt[0] - end) * 1000)
+        if launch is None or end <= c or launch["ts"] < r:
+            left.setdefault(nxt[1], (ns, 0 if end <= c else 1 if launch else 2))
+        elif r < stretches.get(nxt[1], (math.inf,))[0]:
+            stretches[nxt[1]] = (r, ns, target, stream)
     out: dict = {"targets": defaultdict(int), "stretches": sorted(
-        ((ns, t, str(k[1]) if k else "all", b) for _, ns, t, k, b in stretches.values()),
-        reverse=True)}
-    for ns, target, _, _ in out["stretches"]:
+        ((ns, t, str(k[1]) if k else "all") for _, ns, t, k in stretches.values()), reverse=True)}
+    for ns, target, _ in out["stretches"]:
         out["targets"][target] += ns
-    before = [ns for ns, _, _, b in out["stretches"] if b]
-    return {**out, "before_call": [len(before), sum(before)]}
+    kept = [v for i, v in left.items() if i not in stretches]
+    return {**out, "left_out": {why: [len(x := [ns for ns, w in kept if w == i]), sum(x)] for i, why
+            in enumerate(("dry when called", "next launched before r", "no launch call"))}}
 
 
 def child_raw(path: str, include_last: bool) -> dict:
@@ -197,7 +198,7 @@ def child_raw(path: str, include_last: bool) -> dict:
             syncs[e["name"]] = {"calls": syncs[e["name"]]["calls"] + 1,
                                 "dur": syncs[e["name"]]["dur"] + e["dur"]}
     timed = [e for e in events if e.get("ph") == "X" and e.get("cat") != "Trace"]
-    spanned = [e for e in events if "ts" in e and e.get("cat") != "Trace"]  # M and i too
+    spanned = [e for e in events if "ts" in e and e.get("cat") != "Trace" and e.get("ph") != "M"]
     span = lambda evs: max(e["ts"] + e.get("dur", 0) for e in evs) - min(e["ts"] for e in evs)  # noqa: E731
     return {"copies": copies, "runtime": syncs, "copies_without_runtime_call": sum(
                 corr(e) not in runtime for e in events if e.get("cat") == "gpu_memcpy"),
@@ -420,17 +421,17 @@ def table(trace: str, raw: dict, hta: dict, md: dict, times: dict) -> str:
                  + "".join(f"; stream {s} {fmt(v['after_sync'])}" for s, v in ri.items() if v["gaps"])
                  + ("; largest " + ", ".join(map(fmt, gaps[:4])) if gaps else "")
                  + f". memcpy-doctor's rule recomputed: {len(mi['stretches'])} stretches / "
-                 f"{fmt(sum(rec.values()) / 1e3)} ({OK[same]}); opened before the sync's call: "
-                 f"{mi['before_call'][0]} / {fmt(mi['before_call'][1] / 1e3)}"
-                 + ("; largest " if mi["stretches"] else "") + ", ".join(
-                     f"{fmt(ns / 1e3)} ({t}, stream {k}{', opened before the call' if b else ''})"
-                     for ns, t, k, b in mi["stretches"][:4]), "- (not attributed to syncs)",
+                 f"{fmt(sum(rec.values()) / 1e3)} ({OK[same]}); largest " + (", ".join(
+                     f"{fmt(ns / 1e3)} ({t}, stream {k})" for ns, t, k in mi["stretches"][:4]) or "-")
+                 + "; stretches after a sync left out: " + "; ".join(
+                     f"{why} {n} / {fmt(ns / 1e3)}" for why, (n, ns) in mi["left_out"].items()),
+                 "- (not attributed to syncs)",
                  "; ".join([*(f"{k} {fmt(v / 1e3)}" for k, v in md_t.items()),
                             f"total {fmt(sum(md_t.values()) / 1e3)}"])))
     t, cs, c = hta["temporal"], hta["cuda_sync_rows_as_gpu_busy"], hta["critical_path"]
     spans = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
     rows.append(("temporal breakdown: idle / compute / non-compute / span (us)",
-                 f"X events' span {fmt(raw['span_us'])}; all events' but the Trace window "
+                 f"X events' span {fmt(raw['span_us'])}; all but the Trace window and M events' "
                  f"{fmt(raw['all_span_us'])}", " / ".join(fmt(t[k]) for k in spans),
                  f"total time {fmt(md['summary']['total_ns'] / 1e3)}"))
     rows += [("cuda_sync events counted as GPU busy time", "-", f"{cs['count']} / {fmt(cs['dur'])}"
