@@ -21,16 +21,50 @@ def _trace(events: list[dict]) -> dict:
             "traceEvents": events}
 
 
+def ahead_trace() -> dict:
+    """The host ahead of the device, then waiting for it three times. A kernel runs 5..105;
+    an upload (`aten::to`, pageable) launched at 12 runs 105..110 after it, waited for by a
+    stream sync until 112; the next kernel, launched at 150, runs 155..255: 45 us of idle
+    after the upload. An `item()` launched at 165 copies 255..257, its sync returns at 260;
+    the next kernel, launched at 300, starts at 305: 48 us. A device sync called at 330
+    while a kernel runs 325..425 returns at 430; the next kernel, launched at 500, starts at
+    510: 85 us."""
+    return _trace([
+        _x("cpu_op", "aten::mm", 0, 10), _x("cuda_runtime", "cudaLaunchKernel", 2, 3,
+                                             correlation=1),
+        _gpu("kernel", "k1", 5, 100, 1),
+        _x("cpu_op", "aten::to", 10, 105),
+        _x("cuda_runtime", "cudaMemcpyAsync", 12, 8, correlation=2),
+        _gpu("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 105, 5, 2, bytes=4096),
+        _x("cuda_runtime", "cudaStreamSynchronize", 22, 90, correlation=3),
+        _x("cuda_runtime", "cudaLaunchKernel", 150, 3, correlation=4),
+        _gpu("kernel", "k2", 155, 100, 4),
+        _x("cpu_op", "aten::item", 160, 110), _x("cpu_op", "aten::_local_scalar_dense", 162, 105),
+        _x("cuda_runtime", "cudaMemcpyAsync", 165, 5, correlation=5),
+        _gpu("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 255, 2, 5, bytes=4),
+        _x("cuda_runtime", "cudaStreamSynchronize", 172, 88, correlation=6),
+        _x("cuda_runtime", "cudaLaunchKernel", 300, 3, correlation=7),
+        _gpu("kernel", "k3", 305, 10, 7),
+        _x("cuda_runtime", "cudaLaunchKernel", 320, 3, correlation=8),
+        _gpu("kernel", "k4", 325, 100, 8),
+        _x("cuda_runtime", "cudaDeviceSynchronize", 330, 100, correlation=9),
+        _x("cuda_runtime", "cudaLaunchKernel", 500, 3, correlation=10),
+        _gpu("kernel", "k5", 510, 10, 10)])
+
+
 def test_each_sync_gets_the_idle_stretch_after_it():
-    """kineto_trace: the upload's stream sync returns at 40, its copy ended at 30, the next
-    work (the item's copy) starts at 215, launched at 210: 185 us. The item's sync returns at
-    230 after its copy ended at 217; the gemm starts at 310 (launched at 305): 93 us. The
-    device sync, called at 400 when the gemm had ended at 360, drained nothing: 0 (the
-    146 us until the pinned copy are the host's doing, not the sync's). The async pinned
-    copy has none."""
-    t = from_kineto(kineto_trace(), "k.json")
+    t = from_kineto(ahead_trace(), "k.json")
     assert sorted((c.trigger, c.sync, c.idle_ns) for c in t.copies) == [
-        ("copy_", False, None), ("item", True, 93_000), ("to", True, 185_000)]
+        ("item", True, 48_000), ("to", True, 45_000)]
+    assert [(w.kind, w.idle_ns) for w in t.waits] == [("synchronize", 85_000)]
+
+
+def test_a_sync_on_a_device_already_dry_caused_none():
+    """kineto_trace: each copy and the device sync is made when the device has nothing to
+    run (the host behind it): the idle after them is the host's doing, not the syncs'."""
+    t = from_kineto(kineto_trace(), "k.json")
+    assert sorted((c.trigger, c.idle_ns) for c in t.copies if c.sync) == [
+        ("item", 0), ("to", 0)]
     assert [(w.kind, w.idle_ns) for w in t.waits] == [("synchronize", 0)]
 
 
@@ -87,7 +121,7 @@ def test_no_idle_while_other_work_runs_or_when_the_next_was_queued_before():
 
 
 def test_the_report_ranks_sync_copies_by_the_idle_they_caused(tmp_path):
-    (tmp_path / "k.json").write_text(json.dumps(kineto_trace()))
+    (tmp_path / "k.json").write_text(json.dumps(ahead_trace()))
     r = cli_in_process("report", "k.json", cwd=tmp_path)
     assert r.status == 0, r.err
     lines = r.out.splitlines()
@@ -95,34 +129,32 @@ def test_the_report_ranks_sync_copies_by_the_idle_they_caused(tmp_path):
                      "-------------------------")
     assert lines[at + 2].split()[4:7] == ["Total", "GPU", "idle"]
     assert [line.split()[:2] + line.split()[6:7] for line in lines[at + 3:at + 5]] == [
-        ["HtoD", "to", "0.185"], ["DtoH", "item", "0.093"]]
-    assert "GPU idle after the other waits: synchronize 0 (1 call)" in lines
+        ["DtoH", "item", "0.048"], ["HtoD", "to", "0.045"]]   # (the upload took longer)
+    assert "GPU idle after the other waits: synchronize 0.085 (1 call)" in lines
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kineto is not here")
 def test_the_alexnet_syncs_idle_stretches():
-    """a100_alexnet's 16 uploads (each with its stream sync): 24.497 ms; its 5 device syncs
-    were each called on a device already dry (the first at 30,559,4xx us into the trace,
-    dry since 30,542,555), so they caused none of the idle after them (HTA counts those
-    stretches as host wait all the same)."""
+    """a100_alexnet's 16 uploads and 5 device syncs were each made when the device had run
+    dry (its last work had ended 45 us to 8.9 ms before each call): the host was behind, and
+    the idle after them is not theirs (HTA counts those stretches as host wait)."""
     t = load_any(str(SHARED / "a100_alexnet.json.gz"))
-    assert [(c.calls, c.idle_ns) for c in t.copies] == [(16, 24_497_000)]
-    assert [(w.kind, w.calls, w.idle_ns) for w in t.waits] == [
-        ("synchronize", 5, 0)]
+    assert [(c.calls, c.idle_ns) for c in t.copies] == [(16, 0)]
+    assert [(w.kind, w.calls, w.idle_ns) for w in t.waits] == [("synchronize", 5, 0)]
 
 
 def test_explain_gives_each_copys_bandwidth_and_the_idle_after_it(tmp_path):
-    (tmp_path / "k.json").write_text(json.dumps(kineto_trace()))
+    (tmp_path / "k.json").write_text(json.dumps(ahead_trace()))
     r = cli_in_process("explain", "k.json", cwd=tmp_path)
     assert r.status == 0, r.err
-    assert ("    2 copies (DtoH `item`, HtoD `to`), 0.043 ms, GPU idle 0.278 ms after, at ?"
+    assert ("    2 copies (DtoH `item`, HtoD `to`), 0.198 ms, GPU idle 0.093 ms after, at ?"
             in r.out.splitlines())
     r = cli_in_process("explain", "--format", "json", "k.json", cwd=tmp_path)
     copies = [c for ch in json.loads(r.out)["chains"] for c in ch["copies"]]
     assert [(c["direction"], c["pinned"], c["device_ns"], c["bandwidth_bps"],
              c["profile_bandwidth_bps"], c["idle_ns"]) for c in copies] == [
-        ("HtoD", False, 5_000, 819_200_000.0, 12e9, 185_000),   # ranked by the idle after
-        ("DtoH", False, 2_000, 2_000_000.0, 10e9, 93_000)]
+        ("DtoH", False, 2_000, 2_000_000.0, 10e9, 48_000),   # ranked by the idle after
+        ("HtoD", False, 5_000, 819_200_000.0, 12e9, 45_000)]
 
 
 def test_a_single_path_line_says_pinned_or_pageable_and_the_share_of_the_profile(tmp_path):

@@ -9,7 +9,11 @@ eleven fields of six categories of events (`cpu_op`, `python_function`, `cuda_ru
 `kernel`, `gpu_memcpy`, `gpu_memset`), and of the Python frames only those that can be a
 site (kineto/frames.py: not torch's, the standard library's or builtins); of every other
 event, only its category and its time span (the trace's span and the check for CUDA
-activity read them). The rows go to a database SQLite
+activity read them). Not events: the profiler's own `Trace` event (its recording window,
+which runs on past the last event: sampled_rank0's 3.37 s window holds 1.23 s of events),
+metadata (`ph` "M": process and thread names, stamped with the window's start) and instants
+("Iteration Start", 33 ms before a100_alexnet's first event; "Record Window End"): they are
+left out of the span, as HTA leaves them out. The rows go to a database SQLite
 opens on an empty file name: it lives in SQLite's page cache (CACHE_KIB) and spills to a
 temporary file past it, deleted when the store is collected (nothing the readers make of
 it refers back to it, so that is when the last reference goes). So what a read holds
@@ -60,6 +64,9 @@ CACHE_KIB = 2048
 #: Rows written at a time.
 _BATCH = 4096
 _KIND = {c: i for i, c in enumerate(KINDS)}
+#: Phases that mark a time or name a process, not events with a span: metadata ("M") and
+#: instants ("i", "I": "Iteration Start", "Record Window End").
+_MARKS = frozenset(("M", "i", "I"))
 _SCHEMA = ("CREATE TABLE ev (id INTEGER PRIMARY KEY, k INT, ph, th INT, ts REAL, dur REAL, "
            "ns INT, name INT, corr, sk INT, nbytes, rf)")
 _INSERT = "INSERT INTO ev VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -137,8 +144,8 @@ class Events:
                 try:
                     cat = e.get("cat")
                     cats.add(cat)
-                    if cat == "Trace" or e.get("ph") == "M":  # the profiler's window,
-                        continue  # and the names of processes and threads: no events
+                    if cat == "Trace" or e.get("ph") in _MARKS:  # the profiler's window,
+                        continue  # names of processes and threads, instants: no events
                     ts = float(e["ts"])
                     dur = e.get("dur")
                     dur = 0.0 if dur is None else float(dur)

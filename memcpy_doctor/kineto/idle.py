@@ -10,10 +10,11 @@ launch, then its return or that of the stream sync after it): the device
 work on the stream it waited for (a sync copy's stream; every stream for the other waits)
 that began last at or before `r` ended at `end`; the work that began first after `r` starts
 at `next`. The sync's idle time is `next - end` when the sync drained the queue and the host,
-back from it, held the next work up: the device was still busy when the host began to wait
-(`end > c`; a sync called on a device already dry caused none of its idle), nothing still ran
-at `r`, and `next`'s runtime call was made at or after `r` (work queued before the return,
-such as a pageable copy's own transfer, was not held up by it). Else 0. This is stricter than
+back from it, held the next work up: the device was still busy, with work begun before `c`,
+when the host began to wait (a sync called, or a copy made, on a device already dry found the
+host behind, and caused none of the idle after it), nothing still ran at `r`, and `next`'s
+runtime call was made at or after `r` (work queued before the return, such as a pageable
+copy's own transfer, was not held up by it). Else 0. This is stricter than
 HolisticTraceAnalysis's "host wait" (breakdown_analysis.py `_analyze_idle_time_for_stream`:
 any gap whose next op was launched after the gap opened, sync or not). Device work is a
 kernel, a copy or a memset. One idle stretch counts once, for the first sync to return
@@ -84,8 +85,11 @@ class DeviceIdle:
         """(the id of the work that ends the idle stretch after a wait from `c` to `r`, its
         ns), or None when the wait drained nothing, the device was busy at `r`, nothing came
         after, or the host did not hold the next work up."""
+        before = self._last_end(c, stream, below=True)
+        if before is None or before <= c:  # the device had run dry before the host waited
+            return None
         end = self._last_end(r, stream)
-        if end is None or end > r or end <= c:
+        if end is None or end > r:
             return None
         q = self._events.query
         where = "sk = ? AND " if stream is not None else ""
@@ -101,16 +105,17 @@ class DeviceIdle:
             return None
         return next_id, round((next_ts - end) * 1000)
 
-    def _last_end(self, r: float, stream: int | None) -> float | None:
-        """The latest end of the device work that began at or before `r` on `stream` (on
-        each stream, the work that began last: work on one stream runs in order)."""
-        ends = [self._stream_end(r, sk) for sk in
+    def _last_end(self, t: float, stream: int | None, below: bool = False) -> float | None:
+        """The latest end of the device work that began at or before `t` (`below`: before
+        it) on `stream` (on each stream, the work that began last: work on one stream runs
+        in order)."""
+        ends = [self._stream_end(t, sk, below) for sk in
                 ([stream] if stream is not None else self._streams)]
         ends = [e for e in ends if e is not None]
         return max(ends) if ends else None
 
-    def _stream_end(self, r: float, sk: Any) -> float | None:
+    def _stream_end(self, t: float, sk: Any, below: bool) -> float | None:
         row = self._events.query(f"SELECT ts + dur FROM ev WHERE sk = ? AND {_DEVICE} AND "
-                                 "ts <= ? ORDER BY ts DESC, id DESC LIMIT 1",
-                                 (sk, r)).fetchone()
+                                 f"ts {'<' if below else '<='} ? ORDER BY ts DESC, id DESC "
+                                 "LIMIT 1", (sk, t)).fetchone()
         return None if row is None else row[0]
