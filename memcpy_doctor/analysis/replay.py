@@ -27,6 +27,9 @@ steady loop repeats its steps); where none of them is in the window, or the trac
 timeline (older traces, light ones, imported ones), the estimate stays the rule's upper
 bound and says so. Events of other threads than the tracer's are not replayed (their host
 clocks are their own): their device work is left out of both replays alike.
+
+`Replay.spans` gives each replayed event's host and device spans with the edits made, for a
+picture of a step after them (render/html_timeline.py); the replay records them on the way.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class Replay:
                          and len(timeline.events) <= REPLAY_EVENTS)
         self.profile = profile_of(trace)
         self.trailing_ns = 0
+        #: the timeline index of each of `steps` (events of other threads are skipped)
+        self.event_index: list[int] = []
         self.steps = [] if self.why_not else self._steps()
         self.copy_index = {id(c): i for i, c in enumerate(trace.copies)}
         self.op_index = {id(o): i for i, o in enumerate(trace.ops)}
@@ -83,9 +88,10 @@ class Replay:
         steps: list[_Step] = []
         last_end = 0
         device_free = 0  # as recorded: to tell a blocking event's own time from its wait
-        for e in self.trace.timeline.events[:REPLAY_EVENTS]:
+        for index, e in enumerate(self.trace.timeline.events[:REPLAY_EVENTS]):
             if e.thread is not None:
                 continue
+            self.event_index.append(index)
             gap = max(0, e.host_start_ns - last_end)
             last_end = e.host_end_ns
             span = e.host_end_ns - e.host_start_ns
@@ -114,41 +120,50 @@ class Replay:
         self.trailing_ns = max(0, total - last_end) if self.complete else 0
         return steps
 
-    def run(self, copies: dict[int, str], moved: set[int]) -> int:
+    def run(self, copies: dict[int, str], moved: set[int],
+            spans: dict[int, tuple[int, int, int | None, int | None]] | None = None) -> int:
         """When the replay ends with `copies` (copy record index -> effect) changed and the
-        ops at `moved` (op record indices) run on the host."""
+        ops at `moved` (op record indices) run on the host. With `spans`, each event played
+        in the window is put there: timeline index -> (host start, host end, device start,
+        device end; None for host work); an event the edits remove is not."""
         host = device = 0
         ops = self.trace.ops
         left: dict[int, _Step] = {}  # (ONCE: the last call, played after the window)
-        for s in self.steps:
+        for n, s in enumerate(self.steps):
             host += s.gap_ns
+            start, begun = host, None  # (begun: when its device work starts)
             effect = copies.get(s.ref) if s.kind == "copy" else None
             if effect is not None:
-                if effect == ASYNC:
-                    host += self.profile.launch_ns
-                    device = max(host, device) + self._pinned_ns(s.ref)
-                elif effect == ONCE:
-                    left[s.ref] = s
-                continue
-            if s.kind == "op" and s.ref in moved:
+                if effect != ASYNC:
+                    if effect == ONCE:
+                        left[s.ref] = s
+                    continue
+                host += self.profile.launch_ns
+                begun = max(host, device)
+                device = begun + self._pinned_ns(s.ref)
+            elif s.kind == "op" and s.ref in moved:
                 op = ops[s.ref]
                 host += op.run_ns // max(op.calls, 1)
-                continue
-            mode = s.mode
-            if mode == _HOST:
+            elif s.mode == _HOST:
                 host += s.host_ns
-            elif mode == _ENQUEUE:
+            elif s.mode == _ENQUEUE:
                 host += s.host_ns
-                device = max(host, device) + s.device_ns
-            elif mode == _BLOCKING:
+                begun = max(host, device)
+                device = begun + s.device_ns
+            elif s.mode == _BLOCKING:
                 host += s.host_ns
-                device = max(host, device) + s.device_ns
+                begun = max(host, device)
+                device = begun + s.device_ns
                 host = device + s.tail_ns
-            elif mode == _STAGED:
+            elif s.mode == _STAGED:
                 host += s.host_ns
-                device = max(host - s.device_ns, device) + s.device_ns
+                begun = max(host - s.device_ns, device)
+                device = begun + s.device_ns
             else:  # _DRAIN
                 host = max(host, device) + s.host_ns
+            if spans is not None:
+                spans[self.event_index[n]] = (start, host, begun,
+                                              None if begun is None else device)
         host += self.trailing_ns
         if self.complete:  # the one read left of each path, once the loop is done
             for s in left.values():
@@ -162,15 +177,7 @@ class Replay:
     def saving(self, suggestions: list[Suggestion]) -> int | None:
         """The time the edits of `suggestions`, made together, save; None when the timeline
         cannot say (none of their changes is in it)."""
-        copies: dict[int, str] = {}
-        moved: set[int] = set()
-        for s in suggestions:
-            for c in s.removes:
-                i, effect = self.copy_index.get(id(c)), s.effect_on(c)
-                if i is not None and _STRENGTH[effect] < _STRENGTH.get(copies.get(i), 9):
-                    copies[i] = effect
-            moved.update(i for i in (self.op_index.get(id(o)) for o in s.moved)
-                         if i is not None)
+        copies, moved = self._changes(suggestions)
         in_window = sum(1 for st in self.steps
                         if (st.kind == "copy" and st.ref in copies)
                         or (st.kind == "op" and st.ref in moved))
@@ -184,6 +191,30 @@ class Replay:
         everywhere = (sum(trace.copies[i].calls - (e == ONCE) for i, e in copies.items())
                       + sum(trace.ops[i].calls for i in moved))
         return saved * everywhere // in_window
+
+    def _changes(self, suggestions: list[Suggestion]) -> tuple[dict[int, str], set[int]]:
+        """What the edits of `suggestions` change: copy record index -> effect (the strongest
+        where two edits change one copy), and the op record indices they run on the host."""
+        copies: dict[int, str] = {}
+        moved: set[int] = set()
+        for s in suggestions:
+            for c in s.removes:
+                i, effect = self.copy_index.get(id(c)), s.effect_on(c)
+                if i is not None and _STRENGTH[effect] < _STRENGTH.get(copies.get(i), 9):
+                    copies[i] = effect
+            moved.update(i for i in (self.op_index.get(id(o)) for o in s.moved)
+                         if i is not None)
+        return copies, moved
+
+    def spans(self, suggestions: list[Suggestion]
+              ) -> dict[int, tuple[int, int, int | None, int | None]] | None:
+        """Each event of the window as the replay plays it with every edit of `suggestions`
+        made (see `run`); None where the trace has no timeline to replay."""
+        if self.why_not:
+            return None
+        out: dict[int, tuple[int, int, int | None, int | None]] = {}
+        self.run(*self._changes(suggestions), out)
+        return out
 
 
 def price(trace: Trace, suggestions: list[Suggestion], replay: Replay | None = None) -> None:
