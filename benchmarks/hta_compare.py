@@ -5,8 +5,8 @@ memory each takes: docs/kineto.md, "Side by side with HolisticTraceAnalysis (HTA
     python benchmarks/hta_compare.py [TRACE.json.gz ...] [--hta-python PY] [--repeat 3]
         [--include-last-step] [--shift-ts 0.5] [--drop-copy-launches] [--json OUT.json]
 
-Default traces: ../shared/kineto/*.json.gz (HTA's test data). HTA lives in a venv of its own
-(pandas<3: under pandas 3 HTA 0.5's critical_path_analysis raises; all else is the same):
+Default traces: ../shared/kineto/*.json.gz (HTA's test data). HTA has a venv of its own
+(pandas<3: under pandas 3 HTA 0.5's critical_path_analysis raises):
 
     python3 -m venv /work/htavenv && /work/htavenv/bin/pip install torch==2.13.0 \\
         && /work/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0 "pandas<3"
@@ -20,9 +20,8 @@ Each column is a separate process per trace, timed (wall, CPU) with its peak RSS
         get_idle_time_breakdown, get_temporal_breakdown, get_cuda_kernel_launch_stats,
         critical_path_analysis (first ProfilerStep), the memcpy rows of its DataFrame;
   md    `memcpy-doctor import TRACE -o X.json` (per copy path: calls, bytes, device time,
-        GB/s = bytes / device time as the report's Copy path table, idle_ns; idle_ns per
-        wait kind; the total time) and `memcpy-doctor report TRACE`; plus, once and untimed,
-        `memcpy-doctor explain TRACE --format json` for the profile's GB/s per path.
+        GB/s as the report's Copy path table, idle_ns; idle_ns per wait kind; the total) and
+        `memcpy-doctor report TRACE`; plus, once, `explain --format json` (profile GB/s).
 Times: the median of --repeat runs; RSS: the largest. Durations in us. --include-last-step:
 HTA keeps its last ProfilerStep. --shift-ts F, --drop-copy-launches: all three read a derived
 copy of each trace, every ts + F us as a float (ns-resolution traces, which HTA rounds to
@@ -120,8 +119,8 @@ def md_idle(events: list) -> dict:
     """memcpy-doctor's GPU idle per sync (kineto/idle.py), recomputed from the raw events. Sync
     copies: a cudaMemcpy, one from or to pageable memory, or one with a cudaStreamSynchronize
     after it on its thread within its innermost op (`r`: that sync's end, else the call's); other
-    cuda*Synchronize calls wait for every stream. end -> next counts if end > c (the call's
-    start; a copy's launch) and next was launched at or after r, once. Also: those left out."""
+    cuda*Synchronize calls wait for every stream. end -> next counts if work begun before c (the
+    call's start; a copy's launch) still ran at c and next was launched at or after r, once. Also: those left out."""
     ops = sorted((e["ts"], i, e["ts"] + e["dur"], (e.get("pid"), stream_of(e)), e) for i, e
                  in enumerate(events) if e.get("cat") in GPU_CATS and e.get("ph") == "X")
     runtime = {corr(e): e for e in events if e.get("cat") == "cuda_runtime" and e.get("ph") == "X"
@@ -169,9 +168,11 @@ def md_idle(events: list) -> dict:
         if not ends or max(ends) > r or j == len(lst):
             continue
         end, nxt = max(ends), lst[j]
+        before = max([by_stream[k][i][2] for k in ([stream] if stream is not None else by_stream)
+                      for i in [bisect.bisect_left(starts[k], c) - 1] if i >= 0], default=-1)
         launch, ns = runtime.get(corr(nxt[4])), round((nxt[0] - end) * 1000)
-        if launch is None or end <= c or launch["ts"] < r:
-            left.setdefault(nxt[1], (ns, 0 if end <= c else 1 if launch else 2))
+        if launch is None or before <= c or launch["ts"] < r:
+            left.setdefault(nxt[1], (ns, 0 if before <= c else 1 if launch else 2))
         elif r < stretches.get(nxt[1], (math.inf,))[0]:
             stretches[nxt[1]] = (r, ns, target, stream)
     out: dict = {"targets": defaultdict(int), "stretches": sorted(

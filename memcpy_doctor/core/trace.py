@@ -166,7 +166,8 @@ class CopyRecord:
     #: imported traces)
     non_blocking: bool | None = None
     #: the device's idle time after the host's waits for it: from the last device work the
-    #: wait saw done to the next work, when the host launched that after (kineto/idle.py);
+    #: wait saw done to the next work, when the device was busy as the wait began and the
+    #: host launched that work after (kineto/idle.py);
     #: None where not measured (memcpy-doctor's own traces, older ones, async copies)
     idle_ns: int | None = None
 

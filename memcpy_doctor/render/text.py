@@ -102,7 +102,8 @@ def _sync_table(copies: list[CopyRecord], cwd: str | None) -> str:
         table += f"\n... and {len(sync) - REPORT_SYNC_SITES} more sync copy paths in the trace"
     if idle:
         table += ("\nGPU idle: from the device's last work before the host returned from the "
-                  "wait to its next work, launched after (docs/kineto.md)")
+                  "wait to its next work, where the device was busy as the wait began and the "
+                  "host launched that work after (docs/kineto.md)")
     return table
 
 
