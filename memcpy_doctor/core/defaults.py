@@ -84,6 +84,12 @@ MAX_STACK_FRAMES = 16
 #: How many sync copy sites the text report lists.
 REPORT_SYNC_SITES = 20
 
+#: How many sync copy paths (and suggestions) the HTML report shows per trace, heaviest
+#: first; a line says how many it left out. Each row holds its chain and stack, so a trace
+#: with thousands of paths (a library copying from many lines) stays one page a browser
+#: opens at once.
+HTML_SYNC_PATHS = 50
+
 #: torch's print threshold and edge items (torch.set_printoptions defaults) decide how much
 #: of a device tensor print() copies to the host.
 PRINT_THRESHOLD = 1000
