@@ -35,7 +35,8 @@ from .render.text import render_reports
 from .run.config import GateConfig, load_config, merge
 from .run.gating import CHECK_FORMATS, gate_traces
 from .run.modules import module_argv, module_spec_or_error, program
-from .run.traces import InputError, import_traces, load_traces, write_text
+from .run.traces import (InputError, import_traces, load_traces, write_html_report,
+                         write_text)
 
 if TYPE_CHECKING:
     from .run.profile import ProfilePlan
@@ -190,6 +191,7 @@ def _gated_status(plan: ProfilePlan, traces: list[Trace], names: list[str],
                    "would (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); one trace per rank.")
 @click.option("--no-report", is_flag=True, hidden=True,
               help="Write the trace only (the ranks of --ranks: the launcher reports).")
+@click.option("--html", metavar="OUT.html", help="Also write the report as an HTML page.")
 @click.option("-m", "--module", metavar="MODULE", default=None,
               help="Run MODULE as `python -m MODULE ARGS` would, instead of a SCRIPT; "
                    "everything after it is the module's.")
@@ -200,7 +202,7 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
             chrome_trace: str | None, compiled_calls: int | None, light: bool, gate: bool,
             limits, baseline,
             tolerances, allow, config_path, gate_format: str, ranks: int | None,
-            no_report: bool, module: str | None, script: str | None,
+            no_report: bool, html: str | None, module: str | None, script: str | None,
             args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS]... as `python SCRIPT ARGS` would (or -m MODULE [ARGS]... as
     `python -m MODULE ARGS`), then print the Profiling Report (to stderr) and write the
@@ -217,7 +219,7 @@ def profile(device: str, device_profile: str | None, output: str, sort: str,
                              apply_path, chrome_trace, report=not no_report, ranks=ranks,
                              gate_format=gate_format, compiled_calls_traced=compiled_calls,
                              light=light, timeline_events=timeline_events,
-                             module=module is not None)
+                             module=module is not None, html=html)
     with _usage_errors():
         rank = this_rank(ranks)
         config = None
@@ -238,7 +240,7 @@ def _profile_here(plan: ProfilePlan) -> int:
     and the gate result. Returns the exit status: the script's, or 2 when the trace could
     not be written."""
     from .run.apply import LineEdit
-    from .run.profile import run_profile, write_report_and_trace, write_timeline
+    from .run.profile import run_profile, write_html, write_report_and_trace, write_timeline
     from .run.runner import format_exception
 
     def on_hard_exit(hard: RunResult) -> None:
@@ -262,36 +264,45 @@ def _profile_here(plan: ProfilePlan) -> int:
     if not write_report_and_trace(plan, result.trace, _say):
         return EXIT_USAGE
     timeline = write_timeline(plan, result.trace)
-    if timeline is not None:
-        _say(timeline)
+    page, written = write_html(plan, [result.trace], [plan.output])
+    for line in (timeline, page):
+        if line is not None:
+            _say(line)
+    if not written:
+        return EXIT_USAGE
     return _gated_status(plan, [result.trace], [plan.output], result.exit_status)
 
 
 def _profile_ranks(plan: ProfilePlan, n: int) -> int:
     """`profile --ranks N`: run the ranks, then print each rank's report, the ranks side by
     side, and the gates of each. Returns the exit status."""
+    from .run.profile import write_html
     from .run.ranks import profile_ranks
     run = profile_ranks(plan, n)
     sys.stdout.flush()
-    for message in run.messages:
+    page, written = write_html(plan, run.traces, run.names)
+    for message in [*run.messages, *([page] if page else [])]:
         _say(message)
-    return _gated_status(plan, run.traces, run.names, run.status)
+    return _gated_status(plan, run.traces, run.names, run.status) if written else EXIT_USAGE
 
 
 @cli.command()
 @click.argument("traces", nargs=-1, type=click.Path())
 @click.option("--sort", type=click.Choice(SORT_KEYS), default=DEFAULT_SORT_KEY,
               show_default=True, help="Event Summary order.")
+@click.option("--html", metavar="OUT.html", help="Write the report as an HTML page instead.")
 @_et_option
 @_mixed_option
-def report(traces: tuple[str, ...], sort: str, execution_traces: tuple[str, ...],
-           allow_mixed: bool) -> None:
+def report(traces: tuple[str, ...], sort: str, html: str | None,
+           execution_traces: tuple[str, ...], allow_mixed: bool) -> None:
     """Print the Profiling Report of saved TRACES (default: the one `profile` last wrote
     here, or its rank traces); runs nothing. Several traces: one report each, in rank
     order."""
     with _usage_errors():
         loaded, names = load_traces(traces or (DEFAULT_TRACE_PATH,), execution_traces,
                                     allow_mixed)
+        if html:
+            return _say(write_html_report(loaded, names, html))
     click.echo(render_reports(loaded, names, sort))
 
 
@@ -440,8 +451,8 @@ def calibrate(traces: tuple[str, ...], output: str, quick: bool, measurements: s
     With --from-trace, fit it to the copies, launches and syncs of torch.profiler TRACES
     (.json or .json.gz, one GPU's) instead (docs/calibrate.md)."""
     import json
-    from .core.costmodel import load_profile
-    from .run import calibrate as calib
+    from .run.calibrate import CalibrationError
+    from .run.calibrate_cmd import calibrated_profile
     if traces and not from_trace:
         raise UsageProblem(f"calibrate: got {traces[0]}: give --from-trace to fit traces")
     if from_trace and not traces:
@@ -450,19 +461,8 @@ def calibrate(traces: tuple[str, ...], output: str, quick: bool, measurements: s
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageProblem(f"{path}: directory {os.path.dirname(path)} does not exist")
     try:
-        if from_trace:
-            from .run import calibrate_trace as fit
-            measured = fit.trace_timings(list(traces))
-            base = load_profile(calib.base_profile_name(measured["device"].get("name", "")))
-            profile, fits = fit.fit_trace(measured, base)
-            for line in fit.fit_lines(fits):
-                click.echo(f"memcpy-doctor: calibrate: {line}", err=True)
-        else:
-            measured = calib.measure(quick, lambda msg: click.echo(
-                f"memcpy-doctor: calibrate: {msg}", err=True))
-            base = load_profile(calib.base_profile_name(measured["device"]["name"]))
-            profile = calib.build_profile(measured, base)
-    except calib.CalibrationError as e:
+        profile, measured = calibrated_profile(list(traces), from_trace, quick, _say)
+    except CalibrationError as e:
         raise UsageProblem(str(e)) from None
     if measurements:
         _emit(json.dumps(measured, indent=1) + "\n", measurements)

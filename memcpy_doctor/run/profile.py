@@ -27,7 +27,7 @@ from .gating import check_formats, rank_baseline
 from .modules import ModuleTargetError, main_spec
 from .rankenv import RankError, RankInfo, path_for, rank_info
 from .runner import RunResult, run_script
-from .traces import InputError, load_trace, load_traces, write_text
+from .traces import InputError, load_trace, load_traces, write_html_report, write_text
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -56,6 +56,7 @@ class ProfileOptions:
     #: the run's first events kept in order in the trace's timeline (tracer/events.py)
     timeline_events: int = TIMELINE_EVENTS
     module: bool = False  # -m: `script` is a module's name, run as `python -m` runs it
+    html: str | None = None  # --html: where the HTML report goes (render/html.py)
 
     @property
     def target(self) -> list[str]:
@@ -79,6 +80,7 @@ class ProfilePlan:
     #: the file that runs as __main__ (the script, or the module's), and the module's spec
     main_path: str = ""
     spec: ModuleSpec | None = None
+    html: str | None = None  # the HTML report's path, named by rank, absolute
 
 
 def this_rank(ranks: int | None) -> RankInfo | None:
@@ -118,6 +120,10 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
     chrome_trace = options.chrome_trace
     if chrome_trace:
         chrome_trace = path_for(chrome_trace, rank)
+    html = path_for(options.html, rank) if options.html else None
+    if html and not os.path.isdir(os.path.dirname(os.path.abspath(html))):
+        raise InputError(f"--html {html}: directory {os.path.dirname(os.path.abspath(html))} "
+                         "does not exist")
     try:
         tracer = _light_tracer(options) if options.light else _tracer(options, chrome_trace)
     except ProfileError as e:
@@ -134,7 +140,7 @@ def prepare_profile(options: ProfileOptions, rank: RankInfo | None,
             raise InputError(f"-m {options.script}: {e}") from None
     main_path = spec.origin if spec is not None else os.path.abspath(options.script)
     return ProfilePlan(options, rank, config, output, out_path, chrome_trace, tracer, edits,
-                       main_path, spec)
+                       main_path, spec, html and os.path.abspath(html))
 
 
 def _tracer(options: ProfileOptions, chrome_trace: str | None) -> Tracer:
@@ -208,3 +214,17 @@ def write_timeline(plan: ProfilePlan, trace: Trace) -> str | None:
     write_text(render_chrome(chrome, trace.meta.device_name, trace.meta.simulated),
                plan.chrome_trace)
     return f"memcpy-doctor: timeline written to {plan.chrome_trace}"
+
+
+def write_html(plan: ProfilePlan, traces: list[Trace],
+               names: list[str]) -> tuple[str | None, bool]:
+    """Write the HTML report of `traces` (one run's ranks) when --html asked for one: the
+    line to say (where it went, or why it could not be written; None when none was asked)
+    and whether all went well."""
+    if not plan.html:
+        return None, True
+    shown = path_for(plan.options.html, plan.rank)
+    try:
+        return write_html_report(traces, names, plan.html, shown), True
+    except InputError as e:
+        return f"memcpy-doctor: error: {e}", False

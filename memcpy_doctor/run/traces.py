@@ -22,6 +22,7 @@ the user says `--allow-mixed`.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -200,11 +201,20 @@ def import_traces(args: tuple[str, ...] | list[str], execution_traces: tuple[str
     return said
 
 
-def write_text(text: str, path: str) -> None:
-    """Write `text` to the file `path` (an `-o` or `--chrome-trace` the user gave);
-    InputError naming the option when the file cannot be written."""
+def write_text(text: str, path: str, option: str = "-o", shown: str | None = None) -> None:
+    """Write `text` to the file `path` (an `-o`, `--chrome-trace` or `--html` the user
+    gave, `shown` as they named it); InputError naming the option when it cannot be."""
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
-        raise InputError(f"-o {path}: {e.strerror or e}") from None
+        raise InputError(f"{option} {shown or path}: {e.strerror or e}") from None
+
+
+def write_html_report(traces: list[Trace], names: list[str], path: str,
+                      shown: str | None = None) -> str:
+    """`--html PATH`: the HTML report of `traces` (render/html.py) written there; the line
+    that says so. InputError when it cannot be written."""
+    from ..render.html import render_html  # (only then: the other outputs need none of it)
+    write_text(render_html(traces, names, os.getcwd()), path, "--html", shown)
+    return f"memcpy-doctor: HTML report written to {shown or path}"
