@@ -49,6 +49,8 @@ def test_a_cell_is_profiled_with_its_output_and_names_its_own(shell):
     shown = [o.data for o in out.outputs]
     html = [d["text/html"] for d in shown if "text/html" in d]
     assert len(html) == 1 and "3 sync copies" in html[0] and "Sync copies" in html[0]
+    # the report page in an iframe of its own: its styles cannot reach the notebook
+    assert html[0].count("<iframe srcdoc=") == 1 and "<style" not in html[0]
 
 
 def test_a_line_is_profiled_and_saved(shell, tmp_path):
