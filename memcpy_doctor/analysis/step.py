@@ -5,8 +5,12 @@ A step starts where the loop body's first repeated event starts: the first event
 timeline's order, of a record (an op, a copy path, a wait) made exactly once a step, i.e.
 with as many calls as the run's estimated steps (analysis/steady.py). Its occurrences split
 the timeline into steps; the first step (warm-up: caches, first allocations) is passed over
-when there are others, and of the rest the one of median length is taken. Events of other
-threads than the tracer's are left out: their host clocks are their own.
+when there are others, and of the rest the one of median length is taken. Of the records
+that could mark a step, the first (ops first) whose step holds a sync copy made every step
+(analysis/steady.py per_step) is taken, where the run has such copies: a record called once a
+step by count alone may be the model's setup (16 weight initialisations in a run of 16
+steps: an HF Trainer's), whose "steps" hold none of the loop. Events of other threads than
+the tracer's are left out: their host clocks are their own.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 
 from ..core.timeline import TimelineEvent
 from ..core.trace import Trace
-from .steady import estimate_steps
+from .steady import estimate_steps, per_step
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,22 @@ def pick_step(trace: Trace) -> StepWindow | None:
             seen[key] = []
         seen[key].append(i)
     # ops mark a step best (a copy or a wait may be what an edit removes); then the earliest
-    marker = next((k for k in order if k[0] == "op" and len(seen[k]) >= 2),
-                  next((k for k in order if len(seen[k]) >= 2), None))
-    if marker is None:
-        return _whole(events, main)
-    at = seen[marker]
+    markers = ([k for k in order if k[0] == "op" and len(seen[k]) >= 2]
+               + [k for k in order if k[0] != "op" and len(seen[k]) >= 2])
+    steady = {i for i, c in enumerate(trace.copies)
+              if c.sync and per_step(c, trace.summary.total_ns)}
+    windows = [_median_step(events, seen[k], k) for k in markers]
+    for win in windows:
+        if not steady or any(events[i].kind == "copy" and events[i].ref in steady
+                             for i in range(win.first, win.end)):
+            return win
+    return windows[0] if windows else _whole(events, main)
+
+
+def _median_step(events: list[TimelineEvent], at: list[int],
+                 marker: tuple[str, int]) -> StepWindow:
+    """The step of median length of those `marker`'s occurrences `at` split the timeline
+    into, the first (warm-up) passed over when there are others."""
     spans = [(at[k], at[k + 1]) for k in range(len(at) - 1)]
     candidates = list(range(1, len(spans))) or [0]  # (the first step warms up)
     candidates.sort(key=lambda k: (events[spans[k][1]].host_start_ns

@@ -41,8 +41,9 @@ def share(part: float, whole: float) -> str:
 
 
 def site_text(site: Site | None, cwd: str | None) -> str:
-    """`file:line` as the text report writes it (relative to `cwd` below it), escaped."""
-    return esc(format_site(site, cwd, missing="-"))
+    """`file:line` as the text report writes it (relative to `cwd` below it), escaped, with a
+    break allowed after each `/` (a library's path is wider than its column)."""
+    return esc(format_site(site, cwd, missing="-")).replace("/", "/<wbr>")
 
 
 def short_site(site: Site | None) -> str:

@@ -44,7 +44,7 @@ code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberat
 code.src { display: block; color: var(--muted); white-space: pre-wrap;
   overflow-wrap: anywhere; }
 td.where { min-width: 14em; max-width: 28em; }
-.site { white-space: nowrap; }
+.site { overflow-wrap: anywhere; }
 .from { display: block; font-size: .8em; color: var(--muted); margin-top: 3px; }
 .share, .tensor, .thread, .dev, .fn { color: var(--muted); font-size: .9em; }
 ol.chain, ol.stack { margin: 0; padding-left: 1.2em; min-width: 16em; }
