@@ -34,7 +34,7 @@ from memcpy_doctor.core.defaults import HTML_SYNC_PATHS
 from memcpy_doctor.core.timeline import EventTimeline, TimelineEvent
 from memcpy_doctor.core.trace import Site, Trace
 from memcpy_doctor.render.html import render_html
-from memcpy_doctor.render.html_tables import _diff
+from memcpy_doctor.render.html_tables import diff_html
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_models" / "shape_slice_crop.py"
@@ -323,7 +323,7 @@ def test_suggestions_with_coloured_diffs_and_measured_savings(monkeypatch):
 
 
 def test_the_diff_lines_are_classed_by_their_mark():
-    assert _diff("+a\n-b\n c\n@@ x @@\n") == (
+    assert diff_html("+a\n-b\n c\n@@ x @@\n") == (
         '<pre class="diff"><code><span class="add">+a</span><span class="del">-b</span>'
         '<span class="ctx"> c</span><span class="hunk">@@ x @@</span></code></pre>')
 

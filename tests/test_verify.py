@@ -104,13 +104,13 @@ def _suggestion(title: str, verified: Verified) -> Suggestion:
 
 
 def test_the_text_of_what_was_kept_tried_and_dropped():
-    from memcpy_doctor.render.explain import _verified
+    from memcpy_doctor.render.explain import verified_words
     kept = Verified((30, 3), (10_000_000, 8_770_000), OK)
-    assert _verified(kept) == ("verified by a re-run with the edit: sync calls 30 -> 3, "
+    assert verified_words(kept) == ("verified by a re-run with the edit: sync calls 30 -> 3, "
                                "saves 1.23 ms (total 10 ms -> 8.77 ms)")
     broke = Verified((30, 3), (10_000_000, 2_000_000),
                      ("completed, exit status 0", "exception, exit status 1"))
-    assert _verified(broke) == ("broke the program (it ended: exception, exit status 1; as "
+    assert verified_words(broke) == ("broke the program (it ended: exception, exit status 1; as "
                                 "written: completed, exit status 0) in a re-run with the edit")
     tried = _suggestion("pin it", Verified((30, 30), (10_000_000, 9_000_000), OK))
     dropped = _suggestion("drop it", Verified((30, 0), (10_000_000, 5_000_000), OK,

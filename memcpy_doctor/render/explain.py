@@ -72,13 +72,13 @@ def _suggestion_text(i: int, s: Suggestion, cwd: str | None) -> list[str]:
     removes = (f"; removes {len(s.removes)} copy path{'s' if len(s.removes) != 1 else ''}, "
                f"{calls} calls" if s.removes else "")
     lines = [f"{i}. {s.title}",
-             f"   {_saves(s)} ({_how(s)}{removes})"
+             f"   {saving_words(s)} ({estimate_words(s)}{removes})"
              f"{'' if s.exact else ' [heuristic]'}",
              f"   {s.detail}"]
     if s.changes_results:
         lines.append("   changes what the program computes or prints, by design (see the title)")
     if s.verified is not None:
-        lines.append(f"   {_verified(s.verified)}")
+        lines.append(f"   {verified_words(s.verified)}")
     if s.diff:
         lines += ["", *("   " + ln for ln in s.diff.rstrip("\n").splitlines()), ""]
     elif s.no_diff:
@@ -92,14 +92,14 @@ def _none_line(exp: Explanation) -> str:
     return f"No suggestions: {why}." if why else "No suggestions."
 
 
-def _saves(s: Suggestion) -> str:
+def saving_words(s: Suggestion) -> str:
     """"saves ~X", or, for an edit required whatever it costs, "costs ~X"."""
     if s.saving_ns < 0:
         return f"costs ~{_ms(-s.saving_ns)}"
     return f"saves ~{_ms(s.saving_ns)}"
 
 
-def _how(s: Suggestion) -> str:
+def estimate_words(s: Suggestion) -> str:
     """How a saving was found, in a few words."""
     if s.estimate == REPLAYED:
         return "estimated by replaying the run's timeline with the edit"
@@ -148,7 +148,7 @@ def _setup_lines(chains: list[Chain], cwd: str | None, exp: Explanation) -> list
     return out
 
 
-def _verified(v: Any) -> str:
+def verified_words(v: Any) -> str:
     """What `explain --verify`'s re-run measured (a run/verify.Verified), in one line."""
     if v.broke:  # (the broken run's figures measure a run cut short: nothing to show)
         return f"{v.outcome} in a re-run with the edit"
@@ -173,11 +173,11 @@ def render_set_aside(not_worth_it: list[Suggestion], dropped: list[Suggestion],
         lines += [f"- {s.title}: ~{_ms(s.saving_ns)}; {s.detail}" for s in not_worth_it]
     if tried:
         lines += ["", "Tried, did not help (a re-run with the edit):"]
-        lines += [f"- {s.title}: {_verified(s.verified)}" for s in tried]
+        lines += [f"- {s.title}: {verified_words(s.verified)}" for s in tried]
     if dropped:
         lines += ["", "Dropped: a re-run with the edit made things worse or changed what the "
                       "program does"]
-        lines += [f"- {s.title}: {_verified(s.verified)}" for s in dropped]
+        lines += [f"- {s.title}: {verified_words(s.verified)}" for s in dropped]
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -324,9 +324,9 @@ def render_explain_markdown(exp: Explanation, suggestions: list[Suggestion],
     if suggestions:
         lines += ["", "## Suggestions", ""]
         for i, s in enumerate(suggestions, 1):
-            lines += [f"{i}. **{s.title}**: {_saves(s)} ({_how(s)}). {s.detail}"]
+            lines += [f"{i}. **{s.title}**: {saving_words(s)} ({estimate_words(s)}). {s.detail}"]
             if s.verified is not None:
-                lines += ["", f"   {_verified(s.verified)}"]
+                lines += ["", f"   {verified_words(s.verified)}"]
             if s.diff:
                 lines += ["", "```diff", s.diff.rstrip("\n"), "```", ""]
             elif s.no_diff:

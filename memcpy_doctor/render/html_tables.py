@@ -8,7 +8,7 @@ from ..analysis.attribution import Chain, End, Explanation, read_line, user_site
 from ..analysis.suggestion import ASYNC, DROP, ONCE, Suggestion
 from ..core.defaults import HTML_SYNC_PATHS
 from ..core.trace import CopyRecord, Site
-from .explain import _how, _saves, _verified
+from .explain import estimate_words, saving_words, verified_words
 from .html_format import duration, esc, share, site_text, size
 
 
@@ -122,7 +122,7 @@ def sync_table(copies: list[CopyRecord], exp: Explanation, numbers: dict[int, in
     return out
 
 
-def _diff(text: str) -> str:
+def diff_html(text: str) -> str:
     """A unified diff with each line classed: `file` (---/+++), `hunk` (@@), `add`, `del`,
     `ctx`; the colours are the stylesheet's, and a +/- mark stays on each line. Each line is
     a block of its own (no newline between them, which a <pre> would show as a blank line)."""
@@ -143,13 +143,13 @@ def _diff(text: str) -> str:
 
 
 def _suggestion(n: int, s: Suggestion, prefix: str, cwd: str | None) -> str:
-    saving = (f'<p class="saving"><strong>{esc(_saves(s))}</strong> ({esc(_how(s))})'
+    saving = (f'<p class="saving"><strong>{esc(saving_words(s))}</strong> ({esc(estimate_words(s))})'
               + ("; changes what the program computes or prints" if s.changes_results else "")
               + "</p>")
     verified = ("" if s.verified is None else
-                f'<p class="verified">Measured: {esc(_verified(s.verified))}</p>')
+                f'<p class="verified">Measured: {esc(verified_words(s.verified))}</p>')
     sites = ", ".join(site_text(x, cwd) for x in s.sites)
-    body = (_diff(s.diff) if s.diff else
+    body = (diff_html(s.diff) if s.diff else
             f'<p class="no-diff">No diff: {esc(s.no_diff)}.</p>' if s.no_diff else "")
     calls = sum(c.calls for c in s.removes)
     verb = {DROP: "removes", ONCE: "leaves one call, after the loop, of",
