@@ -4,6 +4,7 @@ displays itself as HTML in a notebook and as the text report in a terminal."""
 
 from __future__ import annotations
 
+import re
 import pytest
 
 IPython = pytest.importorskip("IPython")
@@ -36,16 +37,14 @@ def shell():
 
 def test_a_cell_is_profiled_with_its_output_and_names_its_own(shell):
     with capture_output() as out:
-        shell.run_cell_magic("memcpy_doctor", "--device sim", CELL)
+        result = shell.run_cell("%%memcpy_doctor --device sim\n" + CELL)
+    assert result.success and result.result == 12.0  # the cell's value, as the cell's Out
     assert "printed by the cell 12.0" in out.stdout
     assert shell.user_ns["total"] == 12.0
     trace = shell.user_ns[TRACE_NAME]
     assert isinstance(trace, Trace) and trace.meta.simulated
     [copy] = [c for c in trace.copies if c.sync]
     assert (copy.trigger, copy.calls, copy.site.line) == ("item", 3, 5)
-    # the cell's value is shown as the cell's (Out[N]: in a terminal shell), then the
-    # trace, richly
-    assert "12.0" in out.stdout.replace("printed by the cell 12.0", "")
     shown = [o.data for o in out.outputs]
     html = [d["text/html"] for d in shown if "text/html" in d]
     assert len(html) == 1 and "3 sync copies" in html[0] and "Sync copies" in html[0]
@@ -64,13 +63,18 @@ def test_a_line_is_profiled_and_saved(shell, tmp_path):
 
 
 def test_an_error_in_the_cell_is_the_cells_and_the_tracer_stops(shell):
+    """The cell fails as it would without the magic (Run All stops there), its traceback
+    shown once; the trace of what ran is displayed all the same."""
     with capture_output() as out:
-        shell.run_cell_magic("memcpy_doctor", "--device sim",
-                             "import torch\nz = torch.ones(2, device='cuda').sum().item()\n"
-                             "raise ValueError('from the cell')\n")
-    assert "ValueError" in out.stdout and "from the cell" in out.stdout
+        result = shell.run_cell("%%memcpy_doctor --device sim\nimport torch\n"
+                                "z = torch.ones(2, device='cuda').sum().item()\n"
+                                "raise ValueError('from the cell')\n")
+    assert isinstance(result.error_in_exec, ValueError)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout)  # (IPython colours its tracebacks)
+    assert plain.count("ValueError: from the cell") == 1
     assert shell.user_ns["z"] == 2.0
     assert [c.calls for c in shell.user_ns[TRACE_NAME].copies if c.sync] == [1]
+    assert any("text/html" in o.data for o in out.outputs)
     # (the conftest fixture fails the test if a tracer is still active)
 
 

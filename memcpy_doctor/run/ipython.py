@@ -4,13 +4,13 @@
     <the cell's code>
 
 profiles the cell, and `%memcpy_doctor [OPTIONS] STATEMENT` one line. The code runs as the
-cell would without the magic (IPython's own `run_cell`: its outputs, its display, its
-exceptions shown as IPython shows them, its names in the notebook's namespace); then the
-report is displayed: once the extension is loaded, a `Trace` shows itself as HTML in a
-notebook and as the text report in a terminal (IPython display formatters, registered by
-type name, so that core/trace.py stays a data model that renders nothing). The last trace is kept as `_memcpy_doctor_trace` in the namespace, for `explain`
-(`memcpy_doctor.render_text`, `trace.save(...)`). The tracer is stopped however the code
-ends, also when it raises.
+cell would without the magic, as `%%time` runs it: in the notebook's namespace, its output its
+own, its last expression's value the cell's, its exception the cell's (the cell fails, Run All
+stops there); the tracer is stopped however it ends, and the trace displayed: once the
+extension is loaded, a `Trace` shows itself as the HTML report in a notebook and as the text
+report in a terminal (IPython display formatters, registered by type name, so that
+core/trace.py stays a data model that renders nothing). The last trace is kept as
+`_memcpy_doctor_trace` in the namespace (`trace.save(...)` for `memcpy-doctor explain`).
 
 Nothing here is imported until `%load_ext memcpy_doctor` asks for it (and it imports IPython,
 which the package does not depend on).
@@ -18,6 +18,7 @@ which the package does not depend on).
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
@@ -73,35 +74,46 @@ class MemcpyDoctorMagics(Magics):
     """`%memcpy_doctor` and `%%memcpy_doctor` (see the module docstring)."""
 
     @line_magic("memcpy_doctor")
-    def profile_line(self, line: str) -> None:
+    def profile_line(self, line: str) -> Any:
         opts, statement = parse_options(line)
         if not statement.strip():
             raise UsageError(f"memcpy_doctor: no statement to profile; {_USAGE} STATEMENT")
-        self._profile(statement, opts)
+        return self._profile(statement, opts)
 
     @cell_magic("memcpy_doctor")
-    def profile_cell(self, line: str, cell: str) -> None:
+    def profile_cell(self, line: str, cell: str) -> Any:
         opts, extra = parse_options(line)
         if extra.strip():
             raise UsageError(f"memcpy_doctor: {extra!r}: only options go on the "
                              "%%memcpy_doctor line")
-        self._profile(cell, opts)
+        return self._profile(cell, opts)
 
-    def _profile(self, code: str, opts: dict[str, Any]) -> None:
-        """Run `code` as the shell runs a cell, under a tracer; then display its trace."""
+    def _profile(self, code: str, opts: dict[str, Any]) -> Any:
+        """Run `code` in the notebook's namespace under a tracer, as `%%time` runs a cell:
+        its last expression's value is the magic's (IPython shows it as the cell's `Out`),
+        and its exception propagates, so the cell fails as it would without the magic (Run
+        All stops there); the trace is displayed first, however the code ended."""
+        shell = self.shell
+        source = shell.transform_cell(code)  # (%magics and !commands inside the cell)
+        tree = shell.compile.ast_parse(source)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        name = shell.compile.cache(source)  # (so that tracebacks and sites show its lines)
+        body = shell.compile(tree, name, "exec")
+        value = shell.compile(ast.Expression(last.value), name, "eval") if last else None
         try:
             tracer = _tracer(opts)
             tracer.start()
         except (ValueError, RuntimeError) as e:  # no GPU for --device cuda; a tracer running
             raise UsageError(f"memcpy_doctor: {e}") from None
         try:
-            self.shell.run_cell(code, store_history=False, silent=False)
+            exec(body, shell.user_ns)
+            return eval(value, shell.user_ns) if value is not None else None
         finally:
             trace = tracer.stop()
-        self.shell.user_ns[TRACE_NAME] = trace
-        if opts["output"]:
-            trace.save(opts["output"])
-        display(trace)
+            shell.user_ns[TRACE_NAME] = trace
+            if opts["output"]:
+                trace.save(opts["output"])
+            display(trace)
 
 
 def _tracer(opts: dict[str, Any]) -> Any:
