@@ -27,6 +27,14 @@ def parse_bytes(text: str) -> int:
     return int(Fraction(match.group(1)) * unit)
 
 
+def binary_size(nbytes: int) -> str:
+    """Bytes in binary units, one decimal, as the reports write them: "586.0 MiB", "320 B"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def format_value(kind: str, value: float) -> str:
     """A gate metric's value in its unit: "count", "bytes" (binary units), "time" (ns, shown
     in ms) or a ratio (shown as a percentage)."""

@@ -252,30 +252,30 @@ class _Waits:
         self._events.db.executemany("INSERT OR IGNORE INTO used VALUES (?)", self._used)
         self._used.clear()
 
+    def _unused(self, columns: str, tail: str) -> Any:
+        """`columns` of the waits that are not a copy's, `tail` (GROUP BY, ORDER BY) after."""
+        self._flush()
+        marks = ",".join("?" * len(self._kinds))
+        return self._events.query(
+            f"SELECT {columns} FROM ev WHERE k = {RUNTIME} AND name IN ({marks}) "
+            f"AND id NOT IN (SELECT id FROM used) {tail}", list(self._kinds))
+
     def claim_idle(self, idle: DeviceIdle) -> None:
         """Each wait that is not a copy's claims the device's idle time after it (every
         stream), named ("wait", its kind)."""
-        self._flush()
-        marks = ",".join("?" * len(self._kinds))
-        for name, began, end in self._events.db.execute(
-                f"SELECT name, ts, ts + dur FROM ev WHERE k = {RUNTIME} AND name IN ({marks}) "
-                "AND id NOT IN (SELECT id FROM used) ORDER BY ts", list(self._kinds)):
+        for name, began, end in self._unused("name, ts, ts + dur", "ORDER BY ts"):
             idle.claim(began, end, ("wait", self._kinds[name]))
 
     def records(self, idle: dict | None) -> list[WaitRecord]:
         """The waits that are not a copy's, per kind (in the order each kind first comes),
         each with the device's idle time after them (`idle`, per ("wait", kind))."""
-        self._flush()
-        marks = ",".join("?" * len(self._kinds))
         out = []
-        for name, calls, ns, lo, hi in self._events.query(
-                f"SELECT name, count(*), sum(ns), min(ns), max(ns) FROM ev WHERE k = {RUNTIME} "
-                f"AND name IN ({marks}) AND id NOT IN (SELECT id FROM used) GROUP BY name "
-                "ORDER BY min(id)", list(self._kinds)):
+        for name, calls, ns, lo, hi in self._unused(
+                "name, count(*), sum(ns), min(ns), max(ns)", "GROUP BY name ORDER BY min(id)"):
             kind = self._kinds[name]
             out.append(WaitRecord(kind, calls, ns, None, idle_ns=None if idle is None
                                   else idle.get(("wait", kind), 0)))
-            self.extremes[self._kinds[name]] = (lo, hi)
+            self.extremes[kind] = (lo, hi)
         return out
 
 

@@ -7,6 +7,7 @@ import html
 import os
 
 from ..core.paths import format_site
+from ..core.units import binary_size as size  # (as the text report writes them)
 from ..core.trace import Site
 
 
@@ -25,14 +26,6 @@ def duration(ns: float) -> str:
     if abs(ns) < 1e9:
         return f"{ns / 1e6:.4g} ms"
     return f"{ns / 1e9:.4g} s"
-
-
-def size(nbytes: int) -> str:
-    """Bytes in binary units, as the text report writes them: "2.1 KiB", "320 B"."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def share(part: float, whole: float) -> str:

@@ -7,6 +7,7 @@ from ..core.defaults import DEFAULT_SORT_KEY, REPORT_SYNC_SITES, SORT_KEYS
 from ..analysis.attribution import user_site
 from ..analysis.bandwidth import path_rates, reference, share_text
 from ..core.paths import format_site
+from ..core.units import binary_size
 from ..core.races import RaceRecord
 from ..core.trace import CopyRecord, EventRow, OpRef, Trace
 from .compiled import compile_lines
@@ -129,14 +130,6 @@ def _race_table(races: list[RaceRecord], cwd: str | None) -> str:
             "(memcpy-doctor explain gives the edit).")
 
 
-def _size(nbytes: int) -> str:
-    """Bytes in binary units, one decimal: "586.0 MiB"."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def _pageable_non_blocking_line(copies: list[CopyRecord]) -> list[str]:
     """The GpuMemCpy Summary's line on the sync host->device copies that asked
     non_blocking=True from pageable memory (none where there are none): the host is blocked
@@ -163,7 +156,7 @@ def _path_lines(trace: Trace) -> list[str]:
     paths = path_rates(trace, ref)
     if not paths:
         return []
-    rows = [[p.name, str(p.calls), str(p.sync_calls), _size(p.bytes), _ms(p.device_ns),
+    rows = [[p.name, str(p.calls), str(p.sync_calls), binary_size(p.bytes), _ms(p.device_ns),
              gbps(p.bps), "-" if p.reference_bps is None else
              f"{gbps(p.reference_bps)} ({share_text(p.bps / p.reference_bps)})" if p.bps else
              gbps(p.reference_bps)] for p in paths]
@@ -256,7 +249,7 @@ def render_text(trace: Trace, sort: str = DEFAULT_SORT_KEY, cwd: str | None = No
         f"Ratio: {_pct(s.overhead_ns, total)}",
     ])]
     if s.peak_device_memory_bytes is not None:
-        lines.append(f"Device memory peak: {_size(s.peak_device_memory_bytes)}")
+        lines.append(f"Device memory peak: {binary_size(s.peak_device_memory_bytes)}")
     lines += [
         "", _banner("GpuMemCpy Summary"), "",
     ]
